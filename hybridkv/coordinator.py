@@ -1,0 +1,134 @@
+"""The hybrid coordinator: one manager per KV cache group on one shared pool.
+
+Everything here is a fan-out over the managers except `find_longest_cache_hit`,
+the one hybrid algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from hybridkv.core.block_pool import Block, BlockPool
+from hybridkv.core.kv_cache_config import KVCacheConfig
+from hybridkv.managers import SingleTypeManager, manager_class_for
+from hybridkv.request import Request
+
+GroupBlocks = tuple[list[Block], ...]
+
+
+class HybridCoordinator:
+    """Managers of all groups, the hash block size and the hit alignment.
+
+    Hashes are computed once at `hash_block_size` (the gcd of the groups'
+    block sizes); hits are multiples of `alignment` (their lcm).
+    """
+
+    def __init__(self, config: KVCacheConfig, pool: BlockPool, enable_caching: bool) -> None:
+        sizes = [g.kv_cache_spec.block_size for g in config.kv_cache_groups]
+        self.hash_block_size = math.gcd(*sizes)
+        self.alignment = math.lcm(*sizes)
+        self.pool = pool
+        self.managers: list[SingleTypeManager] = [
+            manager_class_for(g.kv_cache_spec)(g.kv_cache_spec, i, pool, self.hash_block_size,
+                                                enable_caching)
+            for i, g in enumerate(config.kv_cache_groups)
+        ]
+        # full attention first: any prefix of its hit is a hit, so it is looked up once
+        self._full_ids = [i for i, m in enumerate(self.managers) if m.downward_closed]
+        self._other_ids = [i for i, m in enumerate(self.managers) if not m.downward_closed]
+
+    # ---- the hybrid algorithm ------------------------------------------------
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
+                               max_length: int) -> tuple[GroupBlocks, int]:
+        """Blocks of every group for the longest length all groups can reuse.
+
+        The answer is the largest L <= `max_length`, multiple of the alignment,
+        that every group accepts. Each group shrinks L to its own longest
+        reusable length at or below L; this repeats until no group shrinks it.
+        L only decreases and every common reusable length stays <= L, so the
+        loop ends at the greatest common one.
+
+        Example (B=4, window W=5 needs 1 block, full needs all): cached full
+        blocks 0-3, window blocks 1 and 3, max_length 16. Full: L=16. Window:
+        block 3 cached -> L=16, done: ([f0, f1, f2, f3], [null, null, null, w3]).
+        With window block 3 evicted: window shrinks to L=8 (block 1), full
+        accepts 8 -> ([f0, f1], [null, w1]).
+        """
+        align = self.alignment
+        length = max_length // align * align
+        hits: dict[int, list[Block]] = {}
+        for i in self._full_ids:  # looked up once, trimmed at the end
+            hit = self.managers[i].find_longest_cache_hit(block_hashes, length)
+            hits[i] = hit
+            length = min(length, len(hit) * self.managers[i].block_size) // align * align
+        others = self._other_ids
+        settled = not others
+        while not settled and length > 0:
+            settled = True
+            for i in others:
+                hit = self.managers[i].find_longest_cache_hit(block_hashes, length)
+                found = len(hit) * self.managers[i].block_size // align * align
+                hits[i] = hit
+                if found < length:
+                    length, settled = found, False
+        return self._trim(hits, length), length
+
+    def _trim(self, hits: dict[int, list[Block]], length: int) -> GroupBlocks:
+        out = []
+        for i, manager in enumerate(self.managers):
+            hit = hits.get(i, [])
+            n = length // manager.block_size
+            out.append(hit if len(hit) == n else hit[:n])
+        return tuple(out)
+
+    # ---- fan-out -------------------------------------------------------------
+
+    def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
+                               num_tokens: int, new_computed: GroupBlocks | None) -> int:
+        return sum(m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens,
+                                            new_computed[i] if new_computed else ())
+                   for i, m in enumerate(self.managers))
+
+    def num_blocks_freed_by_skip(self, request: Request, num_computed_tokens: int) -> int:
+        return sum(m.num_blocks_freed_by_skip(request, num_computed_tokens)
+                   for m in self.managers)
+
+    def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request, num_computed_tokens)
+
+    def save_new_computed_blocks(self, request: Request, new_computed: GroupBlocks) -> None:
+        for manager, blocks in zip(self.managers, new_computed):
+            manager.save_new_computed_blocks(request, blocks)
+
+    def allocate_new_blocks(self, request: Request, num_computed_tokens: int,
+                            num_tokens: int) -> GroupBlocks:
+        return tuple(m.allocate_new_blocks(request, num_computed_tokens, num_tokens)
+                     for m in self.managers)
+
+    def cache_blocks(self, request: Request, block_hashes: Sequence[bytes],
+                     num_tokens: int) -> None:
+        for manager in self.managers:
+            manager.cache_blocks(request, block_hashes, num_tokens)
+
+    def free(self, request: Request) -> None:
+        for manager in self.managers:
+            manager.free(request)
+
+    def get_blocks(self, request_id: str) -> GroupBlocks:
+        return tuple(m.get_blocks(request_id) for m in self.managers)
+
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
+        return sum(m.max_blocks_held(num_tokens, max_chunk_tokens) for m in self.managers)
+
+    def check_integrity(self) -> None:
+        """Pool and group invariants; ref counts equal holders."""
+        holders = [b for m in self.managers for b in m.holders()]
+        holders += [b for m in self.managers for b in getattr(m, "sink_blocks", ())]
+        self.pool.check_integrity(holders)
+        for manager in self.managers:
+            manager.check_integrity()
+        if not holders:
+            assert self.pool.num_free_blocks == self.pool.num_blocks - 1, "leaked blocks"

@@ -1,0 +1,239 @@
+"""KVCacheManager: the scheduler's only door to the KV cache.
+
+Which blocks a request holds in every group, which of its tokens are already
+computed (prefix cache hits), and what becomes reusable. Check, then commit:
+`allocate_slots` first works out how many blocks every group needs, returns
+None when the pool can't supply them, and only then changes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hybridkv.coordinator import GroupBlocks, HybridCoordinator
+from hybridkv.core.block_pool import BlockPool
+from hybridkv.core.events import EventSubscriber
+from hybridkv.core.hashing import check_hash_algo
+from hybridkv.core.kv_cache_config import KVCacheConfig
+from hybridkv.request import Request
+
+
+class KVCacheBlocks:
+    """Blocks per group, as returned by `get_computed_blocks` and `allocate_slots`."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, blocks: GroupBlocks) -> None:
+        self.blocks = blocks
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlocks({self.get_block_ids()})"
+
+
+@dataclass
+class PrefixCacheStats:
+    """Cumulative counters; reading them resets nothing.
+
+    `queries` and `hits` count tokens (prompt tokens looked up, tokens
+    reused); `requests` counts lookups.
+    """
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+def _check_count(name: str, value: object) -> int:
+    if type(value) is not int or value < 0:  # noqa: E721 - bools are not counts
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+class KVCacheManager:
+    """Prefix-cached KV blocks for every group of a (hybrid) model on one pool.
+
+    Args:
+        kv_cache_config: the groups and the pool size.
+        enable_caching: reuse blocks across requests (prefix caching).
+        hash_algo: "sha256" (default) or "xxhash".
+        eviction_policy: a registered policy name ("lru" always exists).
+    """
+
+    def __init__(self, kv_cache_config: KVCacheConfig, *, enable_caching: bool = True,
+                 hash_algo: str = "sha256", eviction_policy: str = "lru") -> None:
+        if not isinstance(kv_cache_config, KVCacheConfig):
+            raise ValueError(f"kv_cache_config must be a KVCacheConfig, "
+                             f"got {type(kv_cache_config).__name__}")
+        self.hash_algo = check_hash_algo(hash_algo)
+        self.enable_caching = bool(enable_caching)
+        self.config = kv_cache_config
+        self.pool = BlockPool(kv_cache_config.num_blocks, len(kv_cache_config.kv_cache_groups),
+                              eviction_policy=eviction_policy)
+        self.coordinator = HybridCoordinator(kv_cache_config, self.pool, self.enable_caching)
+        self.hash_block_size = self.coordinator.hash_block_size
+        self.num_groups = len(kv_cache_config.kv_cache_groups)
+        self._stats = PrefixCacheStats()
+        self._requests: dict[str, Request] = {}
+        self._no_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
+
+    # ---- lookups -------------------------------------------------------------
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """Longest prefix every group can reuse: (blocks per group, num tokens).
+
+        Never more than `num_tokens - 1`; a multiple of every group's block
+        size; 0 when caching is off. Changes nothing but the stats.
+        """
+        if not self.enable_caching:
+            return self._no_blocks, 0
+        hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
+        blocks, num_tokens = self.coordinator.find_longest_cache_hit(
+            hashes, request.num_tokens - 1)
+        stats = self._stats
+        stats.requests += 1
+        stats.queries += request.num_tokens
+        stats.hits += num_tokens
+        return KVCacheBlocks(blocks), num_tokens
+
+    # ---- allocation ----------------------------------------------------------
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None) -> KVCacheBlocks | None:
+        """Reserve slots for the next `num_new_tokens` tokens after the computed ones.
+
+        `num_new_computed_tokens`/`new_computed_blocks` adopt a hit from
+        `get_computed_blocks` (for a request that holds no blocks). Returns
+        the newly allocated blocks per group, or None, with no state change
+        at all, when the pool can't supply them. Raises ValueError for
+        counts past the request's tokens or a hit that does not match.
+        """
+        computed = request.num_computed_tokens
+        num_tokens = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
+                                            new_computed_blocks)
+        hit = new_computed_blocks.blocks if num_new_computed_tokens else None
+        computed_after_hit = computed + num_new_computed_tokens
+        coordinator = self.coordinator
+        need = coordinator.num_blocks_to_allocate(request, computed_after_hit, num_tokens, hit)
+        if need > self.pool.num_free_blocks + coordinator.num_blocks_freed_by_skip(request,
+                                                                                    computed):
+            return None
+        coordinator.remove_skipped_blocks(request, computed)
+        if hit is not None:
+            coordinator.save_new_computed_blocks(request, hit)
+        new_blocks = coordinator.allocate_new_blocks(request, computed_after_hit, num_tokens)
+        if self.enable_caching:
+            hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
+            coordinator.cache_blocks(request, hashes, num_tokens)
+        self._requests[request.request_id] = request
+        return KVCacheBlocks(new_blocks)
+
+    def _check_allocation(self, request: Request, num_new_tokens: int,
+                          num_new_computed_tokens: int,
+                          new_computed_blocks: KVCacheBlocks | None) -> int:
+        """Validate an allocate_slots call; return the token count after it."""
+        if not isinstance(request, Request):
+            raise ValueError(f"request must be a Request, got {type(request).__name__}")
+        _check_count("num_new_tokens", num_new_tokens)
+        _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        held = self._requests.get(request.request_id)
+        if held is not None and held is not request:
+            raise ValueError(f"request id {request.request_id!r} is already in use by "
+                             f"another request holding blocks")
+        num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        if num_tokens > request.num_tokens:
+            raise ValueError(
+                f"request {request.request_id!r}: {request.num_computed_tokens} computed + "
+                f"{num_new_computed_tokens} cached + {num_new_tokens} new tokens exceed its "
+                f"{request.num_tokens} tokens")
+        if num_new_computed_tokens:
+            self._check_hit(request, num_new_computed_tokens, new_computed_blocks)
+        return num_tokens
+
+    def _check_hit(self, request: Request, num_new_computed_tokens: int,
+                   new_computed_blocks: KVCacheBlocks | None) -> None:
+        if not isinstance(new_computed_blocks, KVCacheBlocks):
+            raise ValueError("new_computed_blocks must be the KVCacheBlocks that "
+                             "get_computed_blocks returned with num_new_computed_tokens")
+        if request.request_id in self._requests or request.num_computed_tokens:
+            raise ValueError(f"request {request.request_id!r} already holds blocks; a cache "
+                             f"hit can only be adopted by a request starting from 0")
+        for manager, blocks in zip(self.coordinator.managers, new_computed_blocks.blocks):
+            if len(blocks) * manager.block_size != num_new_computed_tokens:
+                raise ValueError(
+                    f"new_computed_blocks cover {len(blocks) * manager.block_size} tokens in "
+                    f"group {manager.group_id}, not num_new_computed_tokens="
+                    f"{num_new_computed_tokens}")
+
+    def free(self, request: Request) -> None:
+        """Return the request's blocks; cached ones stay reusable until evicted.
+
+        Idempotent: freeing a request that holds nothing does nothing.
+        """
+        self.coordinator.free(request)
+        self._requests.pop(request.request_id, None)
+
+    # ---- views and admin -----------------------------------------------------
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """One list per group in token order; `null_block_id` where not needed."""
+        return tuple([b.block_id for b in blocks]
+                     for blocks in self.coordinator.get_blocks(request_id))
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop these blocks from the prefix cache; running requests keep them.
+
+        Raises ValueError (changing nothing) for ids outside the pool.
+        """
+        self.pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache; False (nothing done) while a request holds blocks."""
+        return self.pool.reset_prefix_cache()
+
+    def can_fit(self, num_tokens: int, max_chunk_tokens: int | None = None) -> bool:
+        """Whether a request of `num_tokens` tokens fits in the pool when nothing
+        else holds blocks, computed in chunks of `max_chunk_tokens` (all at once
+        by default). False means it can never run, not that it must wait."""
+        chunk = num_tokens if max_chunk_tokens is None else max_chunk_tokens
+        usable = self.pool.num_blocks - 1 - self.pool.num_pinned
+        return self.coordinator.max_blocks_held(num_tokens, max(chunk, 1)) <= usable
+
+    def subscribe(self, callback: EventSubscriber) -> None:
+        """Receive BlockStored / BlockRemoved / AllBlocksCleared events."""
+        self.pool.subscribe(callback)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    @property
+    def null_block_id(self) -> int:
+        return self.pool.null_block.block_id
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self._stats
+
+    @property
+    def num_evictions(self) -> int:
+        return self.pool.num_evictions
+
+    def check_integrity(self) -> None:
+        """Assert every invariant of the pool and the groups."""
+        self.coordinator.check_integrity()
+        for manager in self.coordinator.managers:
+            for rid in manager.req_to_blocks:
+                assert rid in self._requests, f"{rid} holds blocks but is not tracked"

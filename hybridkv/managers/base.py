@@ -1,0 +1,200 @@
+"""The base every per-type manager extends.
+
+A manager owns one KV cache group: each request's block list in token order
+(the null block where the group does not need a block), the cache-hit search
+of its attention type, and its rule for blocks a request no longer needs.
+Allocation, freeing and caching of full blocks are written once here.
+
+Hashes arrive at the hash block size (the gcd of all groups' block sizes);
+a group whose block is `stride` hash blocks long keys block i by hash
+`(i + 1) * stride - 1`, the hash of the last small block inside it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+from hybridkv.core.block_pool import Block, BlockPool
+from hybridkv.core.specs import KVCacheSpec
+from hybridkv.request import Request
+
+
+class SingleTypeManager(ABC):
+    """Block lists and reuse rules of one KV cache group.
+
+    Subclasses implement `find_longest_cache_hit` and `num_skipped_blocks`;
+    they may override allocation when their blocks are not one per token
+    block (Mamba).
+    """
+
+    spec_class: ClassVar[type[KVCacheSpec]]
+    # True when every prefix of a reusable length is reusable too (full attention):
+    # the coordinator then looks the group up once and trims its hit.
+    downward_closed: ClassVar[bool] = False
+
+    def __init__(self, spec: KVCacheSpec, group_id: int, pool: BlockPool,
+                 hash_block_size: int, enable_caching: bool = True) -> None:
+        if spec.block_size % hash_block_size:
+            raise ValueError(f"block_size {spec.block_size} of group {group_id} is not a "
+                             f"multiple of the hash block size {hash_block_size}")
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.group_id = group_id
+        self.pool = pool
+        self.null_block = pool.null_block
+        self.stride = spec.block_size // hash_block_size
+        self.enable_caching = enable_caching
+        self.req_to_blocks: dict[str, list[Block]] = {}
+        self.num_cached_blocks: dict[str, int] = {}
+        self.num_skipped: dict[str, int] = {}
+        # leading blocks never released by skipping (sink blocks)
+        self.num_kept_head_blocks = 0
+
+    # ---- the type's rules ----------------------------------------------------
+
+    @abstractmethod
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
+                               max_length: int) -> list[Block]:
+        """Cached blocks for the longest reusable length <= `max_length`.
+
+        The length is `len(result) * block_size`; positions this type does
+        not need hold the null block, e.g. `[null, null, b7, b8]`. A query:
+        changes nothing.
+        """
+
+    @abstractmethod
+    def num_skipped_blocks(self, request: Request, num_computed_tokens: int) -> int:
+        """Leading block positions the request no longer needs once
+        `num_computed_tokens` tokens are computed (never decreases)."""
+
+    # ---- helpers for hit searches ----------------------------------------------
+
+    def group_hashes(self, block_hashes: Sequence[bytes], num_blocks: int) -> Sequence[bytes]:
+        """This group's first `num_blocks` block hashes."""
+        if self.stride == 1:
+            return block_hashes[:num_blocks]
+        s = self.stride
+        return block_hashes[s - 1:num_blocks * s:s]
+
+    # ---- check ---------------------------------------------------------------
+
+    def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
+                               num_tokens: int, new_computed_blocks: Sequence[Block]) -> int:
+        """Free-queue blocks the allocation takes: new blocks, plus hit
+        blocks that sit in the free queue (touching removes them)."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        have = (len(blocks) if blocks else 0) + len(new_computed_blocks)
+        need = -(-num_tokens // self.block_size) - have
+        num_evictable = sum(1 for b in new_computed_blocks
+                            if b.ref_cnt == 0 and b is not self.null_block)
+        return max(need, 0) + num_evictable
+
+    def num_blocks_freed_by_skip(self, request: Request, num_computed_tokens: int) -> int:
+        """Blocks that `remove_skipped_blocks` would return to the free queue."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return 0
+        start = self.num_skipped.get(request.request_id, self.num_kept_head_blocks)
+        end = min(self.num_skipped_blocks(request, num_computed_tokens), len(blocks))
+        null = self.null_block
+        return sum(1 for b in blocks[start:end] if b is not null and b.ref_cnt == 1)
+
+    # ---- commit --------------------------------------------------------------
+
+    def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Return blocks the request no longer needs; their positions become null.
+
+        They stay cached (reusable by others) until evicted.
+        """
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return
+        rid = request.request_id
+        start = self.num_skipped.get(rid, self.num_kept_head_blocks)
+        end = min(self.num_skipped_blocks(request, num_computed_tokens), len(blocks))
+        if end <= start:
+            return
+        null = self.null_block
+        released = [b for b in blocks[start:end] if b is not null]
+        blocks[start:end] = [null] * (end - start)
+        self.num_skipped[rid] = end
+        released.reverse()
+        self.pool.free_blocks(released)
+
+    def save_new_computed_blocks(self, request: Request, blocks: Sequence[Block]) -> None:
+        """Adopt hit blocks for a request that holds none yet (touches them)."""
+        if not blocks:
+            return
+        rid = request.request_id
+        assert not self.req_to_blocks.get(rid), f"{rid} already holds blocks"
+        self.pool.touch(blocks)
+        self.req_to_blocks[rid] = list(blocks)
+        self.num_cached_blocks[rid] = len(blocks)
+
+    def allocate_new_blocks(self, request: Request, num_computed_tokens: int,
+                            num_tokens: int) -> list[Block]:
+        """Give the request blocks for `num_tokens` tokens; return the new ones."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid)
+        if blocks is None:
+            blocks = self.req_to_blocks[rid] = []
+        need = -(-num_tokens // self.block_size) - len(blocks)
+        if need <= 0:
+            return []
+        new_blocks = self.pool.get_new_blocks(need)
+        blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, block_hashes: Sequence[bytes],
+                     num_tokens: int) -> None:
+        """Make the request's full blocks among the first `num_tokens` tokens reusable."""
+        rid = request.request_id
+        num_full = min(num_tokens // self.block_size, len(block_hashes) // self.stride)
+        start = self.num_cached_blocks.get(rid, 0)
+        if num_full <= start:
+            return
+        blocks = self.req_to_blocks[rid]
+        hashes = self.group_hashes(block_hashes, num_full)
+        cache, null, gid = self.pool.cache_block, self.null_block, self.group_id
+        for i in range(start, num_full):
+            block = blocks[i]
+            if block is not null:
+                cache(block, hashes[i], gid)
+        self.num_cached_blocks[rid] = num_full
+
+    def free(self, request: Request) -> None:
+        """Return all the request's blocks, tail first. Idempotent."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.pop(rid, None)
+        self.num_cached_blocks.pop(rid, None)
+        self.num_skipped.pop(rid, None)
+        if blocks:
+            self.pool.free_blocks(reversed(blocks))
+
+    # ---- views ---------------------------------------------------------------
+
+    def get_blocks(self, request_id: str) -> list[Block]:
+        return self.req_to_blocks.get(request_id, [])
+
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
+        """Most blocks one request can hold while computing `num_tokens`
+        tokens in chunks of at most `max_chunk_tokens` (with no hit)."""
+        return -(-num_tokens // self.block_size)
+
+    def holders(self) -> list[Block]:
+        """Every block reference the requests of this group hold."""
+        null = self.null_block
+        return [b for blocks in self.req_to_blocks.values() for b in blocks if b is not null]
+
+    def check_integrity(self) -> None:
+        """Assert this group's invariants (one holder per block per request)."""
+        for rid, blocks in self.req_to_blocks.items():
+            ids = [b.block_id for b in blocks if b is not self.null_block]
+            assert len(ids) == len(set(ids)), f"{rid} holds a block twice in group {self.group_id}"
+            for b in blocks:
+                assert b is self.null_block or b.ref_cnt > 0, f"{rid} holds free {b}"
+            start = self.num_skipped.get(rid, self.num_kept_head_blocks)
+            assert all(b is self.null_block for b in blocks[self.num_kept_head_blocks:start]), \
+                f"{rid} keeps a skipped block in group {self.group_id}"

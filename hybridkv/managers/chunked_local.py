@@ -1,0 +1,46 @@
+"""Chunked local attention (Llama 4): a token sees only its own chunk."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hybridkv.core.block_pool import Block
+from hybridkv.core.specs import ChunkedLocalAttentionSpec
+from hybridkv.managers.base import SingleTypeManager
+from hybridkv.request import Request
+
+
+class ChunkedLocalAttentionManager(SingleTypeManager):
+    """A token at position p sees positions floor(p/C)*C .. p.
+
+    Reusable at L when blocks floor(L/C)*C/B .. L/B-1 are cached, so any
+    multiple of C is reusable with nothing cached. The search puts nulls up
+    to the chunk start of `max_length`, then goes left to right to the first
+    miss: C=8, B=4, L=12 -> `[null, null, b9]`.
+    """
+
+    spec_class = ChunkedLocalAttentionSpec
+    spec: ChunkedLocalAttentionSpec
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
+                               max_length: int) -> list[Block]:
+        bs = self.block_size
+        num_blocks = max_length // bs
+        chunk_start = (num_blocks * bs) // self.spec.attention_chunk_size \
+            * self.spec.attention_chunk_size // bs
+        hit = [self.null_block] * chunk_start
+        get = self.pool.cached[self.group_id].get
+        for block_hash in self.group_hashes(block_hashes, num_blocks)[chunk_start:]:
+            block = get(block_hash)
+            if block is None:
+                break
+            hit.append(block)
+        return hit
+
+    def num_skipped_blocks(self, request: Request, num_computed_tokens: int) -> int:
+        chunk = self.spec.attention_chunk_size
+        return num_computed_tokens // chunk * chunk // self.block_size
+
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
+        span = self.spec.attention_chunk_size + min(num_tokens, max_chunk_tokens)
+        return min(-(-num_tokens // self.block_size), span // self.block_size + 2)

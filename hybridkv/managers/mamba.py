@@ -1,0 +1,129 @@
+"""Mamba (SSM) layers: one live state per request plus block-boundary checkpoints.
+
+A request's list for a Mamba group has `floor(n / B) + 1` entries for `n`
+allocated tokens. The last entry is the live block: the running state, the
+same physical block for the request's whole life. Entry j < last is either
+null or a checkpoint: the block that receives (or, right after a hit,
+supplies) the state after the first `(j + 1) * B` tokens. Checkpoints are
+hashed like attention blocks, so a later request with the same first
+`(j + 1) * B` tokens can start from that state; once written they are
+returned to the pool (still reusable), so a request holds its live block and
+the checkpoints of the step being computed, nothing more.
+
+Which boundaries get a checkpoint is the retention policy: every
+`checkpoint_interval`-th boundary, plus the last boundary inside the prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from hybridkv.core.block_pool import Block
+from hybridkv.core.specs import MambaSpec
+from hybridkv.managers.base import SingleTypeManager
+from hybridkv.request import Request
+
+
+class MambaManager(SingleTypeManager):
+    """Reusable at L when L = 0 or the state at boundary L is cached.
+
+    The search goes right to left for the last cached state; a hit is
+    `[null, ..., null, state_block]` (the state block is copied into the
+    request's live block before its first step).
+    """
+
+    spec_class = MambaSpec
+    spec: MambaSpec
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
+                               max_length: int) -> list[Block]:
+        num_blocks = max_length // self.block_size
+        hashes = self.group_hashes(block_hashes, num_blocks)
+        get = self.pool.cached[self.group_id].get
+        for i in range(len(hashes) - 1, -1, -1):
+            block = get(hashes[i])
+            if block is not None:
+                return [self.null_block] * i + [block]
+        return []
+
+    def num_skipped_blocks(self, request: Request, num_computed_tokens: int) -> int:
+        # every checkpoint at or before the computed tokens has been written
+        return num_computed_tokens // self.block_size
+
+    def checkpoint_boundaries(self, request: Request, num_computed_tokens: int,
+                              num_tokens: int) -> list[int]:
+        """Boundary indices j (state after j*B tokens) to checkpoint in
+        (num_computed_tokens, num_tokens], per the retention policy."""
+        if not self.enable_caching:
+            return []
+        bs, every = self.block_size, self.spec.checkpoint_interval
+        first, last = num_computed_tokens // bs + 1, num_tokens // bs
+        if every == 1:
+            return list(range(first, last + 1))
+        prompt_end = request.num_prompt_tokens // bs
+        return [j for j in range(first, last + 1) if j % every == 0 or j == prompt_end]
+
+    def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
+                               num_tokens: int, new_computed_blocks: Sequence[Block]) -> int:
+        blocks = new_computed_blocks or self.req_to_blocks.get(request.request_id, [])
+        need_live = self._live_block(list(blocks), num_computed_tokens) is None
+        num_evictable = sum(1 for b in new_computed_blocks
+                            if b.ref_cnt == 0 and b is not self.null_block)
+        num_ckpt = len(self.checkpoint_boundaries(request, num_computed_tokens, num_tokens))
+        return int(need_live) + num_ckpt + num_evictable
+
+    def allocate_new_blocks(self, request: Request, num_computed_tokens: int,
+                            num_tokens: int) -> list[Block]:
+        rid = request.request_id
+        blocks = self.req_to_blocks.setdefault(rid, [])
+        null = self.null_block
+        live = self._live_block(blocks, num_computed_tokens)
+        boundaries = self.checkpoint_boundaries(request, num_computed_tokens, num_tokens)
+        new_blocks = self.pool.get_new_blocks(len(boundaries) + (live is None))
+        if live is None:
+            live = new_blocks[-1]
+        else:
+            blocks[-1] = null
+        blocks.extend([null] * (num_tokens // self.block_size + 1 - len(blocks)))
+        for j, block in zip(boundaries, new_blocks):
+            blocks[j - 1] = block
+        blocks[-1] = live
+        return new_blocks
+
+    def _live_block(self, blocks: list[Block], num_computed_tokens: int) -> Block | None:
+        """The request's live block, if it has one yet (not right after a hit)."""
+        if blocks and len(blocks) > num_computed_tokens // self.block_size:
+            return blocks[-1]
+        return None
+
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
+        return min(num_tokens, max_chunk_tokens) // self.block_size + 2
+
+
+class MambaStatePlan(NamedTuple):
+    """Where a Mamba layer reads and writes state for one request in one step."""
+
+    live_block_id: int
+    source_block_id: int | None  # read the initial state here (a hit), else from live
+    checkpoints: list[tuple[int, int]]  # (tokens processed in this step, block id) to write
+
+
+def mamba_state_plan(block_ids: Sequence[int], num_computed_tokens: int, num_new_tokens: int,
+                     block_size: int, null_block_id: int = 0) -> MambaStatePlan:
+    """Read a Mamba group's block ids as the runner's instructions.
+
+    >>> mamba_state_plan([0, 9, 4, 7], 8, 6, 4)  # hit at 8: start from 9, save after 4 more
+    MambaStatePlan(live_block_id=7, source_block_id=9, checkpoints=[(4, 4)])
+    """
+    source = None
+    if num_computed_tokens and num_computed_tokens % block_size == 0:
+        candidate = block_ids[num_computed_tokens // block_size - 1]
+        if candidate != null_block_id:
+            source = candidate
+    checkpoints = []
+    for j in range(num_computed_tokens // block_size, len(block_ids) - 1):
+        block_id = block_ids[j]
+        if block_id != null_block_id:
+            checkpoints.append(((j + 1) * block_size - num_computed_tokens, block_id))
+    return MambaStatePlan(block_ids[-1], source, checkpoints)

@@ -1,0 +1,30 @@
+"""Full attention with learned sink KV slots shared by every request."""
+
+from __future__ import annotations
+
+from hybridkv.core.block_pool import BlockPool
+from hybridkv.core.specs import SinkFullAttentionSpec
+from hybridkv.managers.full import FullAttentionManager
+
+
+class SinkFullAttentionManager(FullAttentionManager):
+    """Full attention whose `sink_len` sink slots live in blocks taken from the
+    pool once at start-up, shared by every request, never freed or evicted.
+
+    Request block lists do not include the sink blocks; the runner reads them
+    from `sink_block_ids`.
+    """
+
+    spec_class = SinkFullAttentionSpec
+
+    def __init__(self, spec: SinkFullAttentionSpec, group_id: int, pool: BlockPool,
+                 hash_block_size: int, enable_caching: bool = True) -> None:
+        super().__init__(spec, group_id, pool, hash_block_size, enable_caching)
+        if spec.num_sink_blocks > pool.num_free_blocks:
+            raise ValueError(f"the pool has {pool.num_free_blocks} free blocks, fewer than "
+                             f"the {spec.num_sink_blocks} sink blocks of group {group_id}")
+        self.sink_blocks = pool.pin_blocks(spec.num_sink_blocks)
+
+    @property
+    def sink_block_ids(self) -> list[int]:
+        return [b.block_id for b in self.sink_blocks]

@@ -1,0 +1,80 @@
+"""Sliding-window attention, with optional StreamingLLM-style sink tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hybridkv.core.block_pool import Block, BlockPool
+from hybridkv.core.specs import SlidingWindowSpec
+from hybridkv.managers.base import SingleTypeManager
+from hybridkv.request import Request
+
+
+class SlidingWindowManager(SingleTypeManager):
+    """A token at position p sees positions p-W+1 .. p (and the first S sink tokens).
+
+    Reusable at L when the last `min(L/B, ceil((W-1)/B))` blocks before L are
+    cached, and with S sink tokens also the first `min(L/B, ceil(S/B))`.
+    The search goes right to left for the rightmost run of cached blocks
+    long enough; a hit holds only those (and the sink blocks):
+    `[null, null, b7, b8]` for W=8, B=4, L=16.
+    """
+
+    spec_class = SlidingWindowSpec
+    spec: SlidingWindowSpec
+
+    def __init__(self, spec: SlidingWindowSpec, group_id: int, pool: BlockPool,
+                 hash_block_size: int, enable_caching: bool = True) -> None:
+        super().__init__(spec, group_id, pool, hash_block_size, enable_caching)
+        self.num_kept_head_blocks = spec.num_sink_blocks
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
+                               max_length: int) -> list[Block]:
+        spec = self.spec
+        num_blocks = max_length // self.block_size
+        hashes = self.group_hashes(block_hashes, num_blocks)
+        get = self.pool.cached[self.group_id].get
+        sinks: list[Block] = []
+        for block_hash in hashes[:spec.num_sink_blocks]:
+            block = get(block_hash)
+            if block is None:
+                break
+            sinks.append(block)
+        if len(sinks) < spec.num_sink_blocks:
+            num_blocks = len(sinks)  # L may not pass a missing sink block
+        return self._search_window(hashes, num_blocks, sinks)
+
+    def _search_window(self, hashes: Sequence[bytes], num_blocks: int,
+                       sinks: list[Block]) -> list[Block]:
+        need = self.spec.num_window_blocks
+        null = self.null_block
+        if need == 0:
+            return sinks + [null] * (num_blocks - len(sinks)) if num_blocks > len(sinks) \
+                else sinks[:num_blocks]
+        get = self.pool.cached[self.group_id].get
+        run: list[Block] = []  # cached blocks ending at the current end, rightmost first
+        end = num_blocks
+        for i in range(num_blocks - 1, -1, -1):
+            block = get(hashes[i])
+            if block is None:
+                run.clear()
+                end = i
+                continue
+            run.append(block)
+            if len(run) == need or i == 0:
+                break
+        if not run or (len(run) < need and end - len(run) != 0):
+            return []
+        start = end - len(run)
+        run.reverse()
+        head = sinks[:start] + [null] * (start - min(start, len(sinks)))
+        return head + run
+
+    def num_skipped_blocks(self, request: Request, num_computed_tokens: int) -> int:
+        first_needed = num_computed_tokens - self.spec.sliding_window + 1
+        return max(first_needed, 0) // self.block_size
+
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
+        window = self.spec.sliding_window - 1 + min(num_tokens, max_chunk_tokens)
+        return min(-(-num_tokens // self.block_size),
+                   self.spec.num_sink_blocks + window // self.block_size + 2)

@@ -1,0 +1,80 @@
+"""A request as the KV cache manager sees it: tokens, keys, progress."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hybridkv.core.hashing import BlockHasher, MultiModalItem, check_mm_items
+
+
+class Request:
+    """Token ids of one request and how many of them have KV/state in place.
+
+    `num_computed_tokens` follows vLLM's scheduler convention: the caller adds
+    the tokens a step computed after the step; after `free` the request
+    starts again from 0. Block hashes are computed lazily by the manager and
+    extended as tokens are appended.
+
+    Raises ValueError for an empty or non-string id, an empty prompt, or
+    malformed keys. Token values are checked when they are hashed.
+    """
+
+    __slots__ = ("request_id", "prompt_token_ids", "all_token_ids", "num_computed_tokens",
+                 "cache_salt", "lora_name", "mm_hashes", "max_tokens", "hasher",
+                 "num_prompt_tokens")
+
+    def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *,
+                 cache_salt: str | bytes | None = None, lora_name: str | None = None,
+                 mm_hashes: Sequence[MultiModalItem] | None = None,
+                 max_tokens: int | None = None) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        if isinstance(prompt_token_ids, str | bytes) or not isinstance(prompt_token_ids, Sequence):
+            raise ValueError(f"prompt_token_ids must be a sequence of ints, "
+                             f"got {type(prompt_token_ids).__name__}")
+        if len(prompt_token_ids) == 0:
+            raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
+        if cache_salt is not None and not isinstance(cache_salt, str | bytes):
+            raise ValueError(f"cache_salt must be str or bytes, got {type(cache_salt).__name__}")
+        if lora_name is not None and not isinstance(lora_name, str):
+            raise ValueError(f"lora_name must be str, got {type(lora_name).__name__}")
+        if max_tokens is not None and (isinstance(max_tokens, bool)
+                                       or not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.all_token_ids = list(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.cache_salt = cache_salt
+        self.lora_name = lora_name
+        self.mm_hashes = check_mm_items(mm_hashes)
+        self.max_tokens = max_tokens
+        self.hasher: BlockHasher | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens:]
+
+    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
+        """Append generated token(s); their blocks are hashed when they fill."""
+        if isinstance(token_ids, int):
+            self.all_token_ids.append(token_ids)
+        else:
+            self.all_token_ids.extend(token_ids)
+
+    def block_hashes(self, hash_algo: str, block_size: int) -> list[bytes]:
+        """Hashes of every full block so far (computed once, then extended)."""
+        hasher = self.hasher
+        if hasher is None or hasher.block_size != block_size or hasher.hash_algo != hash_algo:
+            hasher = self.hasher = BlockHasher(hash_algo, block_size, cache_salt=self.cache_salt,
+                                               lora_name=self.lora_name, mm_items=self.mm_hashes)
+        return hasher.extend(self.all_token_ids)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
+                f"num_computed_tokens={self.num_computed_tokens})")
