@@ -86,32 +86,32 @@ class HybridCoordinator:
     # ---- fan-out -------------------------------------------------------------
 
     def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
-                               num_tokens: int, new_computed: GroupBlocks | None) -> int:
-        return sum(m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens,
-                                            new_computed[i] if new_computed else ())
-                   for i, m in enumerate(self.managers))
+                               num_tokens: int, hit: GroupBlocks | None) -> int:
+        """Net free-queue blocks all groups take (see SingleTypeManager)."""
+        if hit is None:
+            return sum([m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, None)
+                        for m in self.managers])
+        return sum([m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, h)
+                    for m, h in zip(self.managers, hit)])
 
-    def num_blocks_freed_by_skip(self, request: Request, num_computed_tokens: int) -> int:
-        return sum(m.num_blocks_freed_by_skip(request, num_computed_tokens)
-                   for m in self.managers)
-
-    def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        for manager in self.managers:
-            manager.remove_skipped_blocks(request, num_computed_tokens)
-
-    def save_new_computed_blocks(self, request: Request, new_computed: GroupBlocks) -> None:
-        for manager, blocks in zip(self.managers, new_computed):
-            manager.save_new_computed_blocks(request, blocks)
-
-    def allocate_new_blocks(self, request: Request, num_computed_tokens: int,
-                            num_tokens: int) -> GroupBlocks:
-        return tuple(m.allocate_new_blocks(request, num_computed_tokens, num_tokens)
-                     for m in self.managers)
+    def allocate(self, request: Request, num_computed_tokens: int, num_tokens: int,
+                 hit: GroupBlocks | None) -> GroupBlocks:
+        """Release skipped blocks or adopt the hit, then allocate, in every group."""
+        if hit is None:
+            return tuple([m.allocate(request, num_computed_tokens, num_tokens, None)
+                          for m in self.managers])
+        return tuple([m.allocate(request, num_computed_tokens, num_tokens, h)
+                      for m, h in zip(self.managers, hit)])
 
     def cache_blocks(self, request: Request, block_hashes: Sequence[bytes],
                      num_tokens: int) -> None:
         for manager in self.managers:
             manager.cache_blocks(request, block_hashes, num_tokens)
+
+    def quiet_limits(self, request: Request) -> tuple[int, int]:
+        """Smallest (max tokens, max computed tokens) over the groups."""
+        limits = [m.quiet_limits(request) for m in self.managers]
+        return min(t for t, _ in limits), min(c for _, c in limits)
 
     def free(self, request: Request) -> None:
         for manager in self.managers:

@@ -81,7 +81,9 @@ class KVCacheManager:
         self.hash_block_size = self.coordinator.hash_block_size
         self.num_groups = len(kv_cache_config.kv_cache_groups)
         self._stats = PrefixCacheStats()
-        self._requests: dict[str, Request] = {}
+        # requests holding blocks -> (request, max tokens, max computed tokens) that an
+        # allocation can reach without changing anything (the fast path's limits)
+        self._requests: dict[str, tuple[Request, int, int]] = {}
         self._no_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
 
     # ---- lookups -------------------------------------------------------------
@@ -116,24 +118,27 @@ class KVCacheManager:
         at all, when the pool can't supply them. Raises ValueError for
         counts past the request's tokens or a hit that does not match.
         """
-        computed = request.num_computed_tokens
+        if not num_new_computed_tokens:  # fast path: nothing changes in any group
+            quiet = self._requests.get(request.request_id)
+            if quiet is not None and quiet[0] is request and type(num_new_tokens) is int:
+                computed = request.num_computed_tokens
+                num_tokens = computed + num_new_tokens
+                if num_new_tokens >= 0 and num_tokens <= quiet[1] and computed <= quiet[2] \
+                        and num_tokens <= len(request.all_token_ids):
+                    return self._no_blocks
         num_tokens = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                             new_computed_blocks)
-        hit = new_computed_blocks.blocks if num_new_computed_tokens else None
-        computed_after_hit = computed + num_new_computed_tokens
+        hit = new_computed_blocks.blocks if num_new_computed_tokens else None  # type: ignore
+        computed = request.num_computed_tokens + num_new_computed_tokens
         coordinator = self.coordinator
-        need = coordinator.num_blocks_to_allocate(request, computed_after_hit, num_tokens, hit)
-        if need > self.pool.num_free_blocks + coordinator.num_blocks_freed_by_skip(request,
-                                                                                    computed):
+        if coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit) > \
+                self.pool.num_free_blocks:
             return None
-        coordinator.remove_skipped_blocks(request, computed)
-        if hit is not None:
-            coordinator.save_new_computed_blocks(request, hit)
-        new_blocks = coordinator.allocate_new_blocks(request, computed_after_hit, num_tokens)
+        new_blocks = coordinator.allocate(request, computed, num_tokens, hit)
         if self.enable_caching:
             hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
             coordinator.cache_blocks(request, hashes, num_tokens)
-        self._requests[request.request_id] = request
+        self._requests[request.request_id] = (request, *coordinator.quiet_limits(request))
         return KVCacheBlocks(new_blocks)
 
     def _check_allocation(self, request: Request, num_new_tokens: int,
@@ -145,7 +150,7 @@ class KVCacheManager:
         _check_count("num_new_tokens", num_new_tokens)
         _check_count("num_new_computed_tokens", num_new_computed_tokens)
         held = self._requests.get(request.request_id)
-        if held is not None and held is not request:
+        if held is not None and held[0] is not request:
             raise ValueError(f"request id {request.request_id!r} is already in use by "
                              f"another request holding blocks")
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens

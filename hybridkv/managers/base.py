@@ -33,6 +33,8 @@ class SingleTypeManager(ABC):
     # True when every prefix of a reusable length is reusable too (full attention):
     # the coordinator then looks the group up once and trims its hit.
     downward_closed: ClassVar[bool] = False
+    # False when the type never releases blocks before the request ends
+    skips: ClassVar[bool] = True
 
     def __init__(self, spec: KVCacheSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:
@@ -81,27 +83,50 @@ class SingleTypeManager(ABC):
     # ---- check ---------------------------------------------------------------
 
     def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
-                               num_tokens: int, new_computed_blocks: Sequence[Block]) -> int:
-        """Free-queue blocks the allocation takes: new blocks, plus hit
-        blocks that sit in the free queue (touching removes them)."""
-        blocks = self.req_to_blocks.get(request.request_id)
-        have = (len(blocks) if blocks else 0) + len(new_computed_blocks)
-        need = -(-num_tokens // self.block_size) - have
-        num_evictable = sum(1 for b in new_computed_blocks
-                            if b.ref_cnt == 0 and b is not self.null_block)
-        return max(need, 0) + num_evictable
+                               num_tokens: int, hit: Sequence[Block] | None) -> int:
+        """Net blocks `allocate` takes from the free queue to cover `num_tokens`.
 
-    def num_blocks_freed_by_skip(self, request: Request, num_computed_tokens: int) -> int:
-        """Blocks that `remove_skipped_blocks` would return to the free queue."""
+        New blocks, plus hit blocks sitting in the free queue (touching them
+        removes them), minus blocks that skipping returns to it. `hit` is
+        only given for a request that holds no blocks yet; then
+        `num_computed_tokens` includes it.
+        """
+        if hit:
+            null = self.null_block
+            evictable = sum(1 for b in hit if b.ref_cnt == 0 and b is not null)
+            return max(-(-num_tokens // self.block_size) - len(hit), 0) + evictable
         blocks = self.req_to_blocks.get(request.request_id)
         if not blocks:
-            return 0
+            return -(-num_tokens // self.block_size)
+        need = -(-num_tokens // self.block_size) - len(blocks)
+        if need < 0:
+            need = 0
+        if self.skips:
+            need -= self._num_freed_by_skip(request, blocks, num_computed_tokens)
+        return need
+
+    def _num_freed_by_skip(self, request: Request, blocks: list[Block],
+                           num_computed_tokens: int) -> int:
         start = self.num_skipped.get(request.request_id, self.num_kept_head_blocks)
         end = min(self.num_skipped_blocks(request, num_computed_tokens), len(blocks))
+        if end <= start:
+            return 0
         null = self.null_block
         return sum(1 for b in blocks[start:end] if b is not null and b.ref_cnt == 1)
 
     # ---- commit --------------------------------------------------------------
+
+    def allocate(self, request: Request, num_computed_tokens: int, num_tokens: int,
+                 hit: Sequence[Block] | None) -> list[Block]:
+        """Release skipped blocks (or adopt `hit`), then cover `num_tokens`.
+
+        Returns the newly allocated blocks. Callers checked the count first.
+        """
+        if hit:
+            self.save_new_computed_blocks(request, hit)
+        elif self.skips:
+            self.remove_skipped_blocks(request, num_computed_tokens)
+        return self.allocate_new_blocks(request, num_computed_tokens, num_tokens)
 
     def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Return blocks the request no longer needs; their positions become null.
@@ -125,8 +150,6 @@ class SingleTypeManager(ABC):
 
     def save_new_computed_blocks(self, request: Request, blocks: Sequence[Block]) -> None:
         """Adopt hit blocks for a request that holds none yet (touches them)."""
-        if not blocks:
-            return
         rid = request.request_id
         assert not self.req_to_blocks.get(rid), f"{rid} already holds blocks"
         self.pool.touch(blocks)
@@ -136,10 +159,9 @@ class SingleTypeManager(ABC):
     def allocate_new_blocks(self, request: Request, num_computed_tokens: int,
                             num_tokens: int) -> list[Block]:
         """Give the request blocks for `num_tokens` tokens; return the new ones."""
-        rid = request.request_id
-        blocks = self.req_to_blocks.get(rid)
+        blocks = self.req_to_blocks.get(request.request_id)
         if blocks is None:
-            blocks = self.req_to_blocks[rid] = []
+            blocks = self.req_to_blocks[request.request_id] = []
         need = -(-num_tokens // self.block_size) - len(blocks)
         if need <= 0:
             return []
@@ -172,6 +194,39 @@ class SingleTypeManager(ABC):
         self.num_skipped.pop(rid, None)
         if blocks:
             self.pool.free_blocks(reversed(blocks))
+
+    # ---- fast path -----------------------------------------------------------
+
+    def quiet_limits(self, request: Request) -> tuple[int, int]:
+        """(max tokens, max computed tokens) up to which an allocation for this
+        request would change nothing in this group: no new block, no block to
+        cache, no block to release. Lets the manager skip the full path."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid)
+        if not blocks:
+            return 0, 0
+        max_tokens = len(blocks) * self.block_size
+        if self.enable_caching:
+            next_full = (self.num_cached_blocks.get(rid, 0) + 1) * self.block_size - 1
+            max_tokens = min(max_tokens, next_full)
+        return max_tokens, self.max_quiet_computed(request)
+
+    def max_quiet_computed(self, request: Request) -> int:
+        """Largest computed-token count that releases no block yet."""
+        if not self.skips:
+            return 1 << 62
+        start = self.num_skipped.get(request.request_id, self.num_kept_head_blocks)
+        computed = request.num_computed_tokens
+        while self.num_skipped_blocks(request, computed + 1) <= start and computed < 1 << 40:
+            computed += 1 + computed // 2  # grow geometrically, then settle below
+        lo, hi = request.num_computed_tokens, computed
+        while lo < hi:  # largest c with num_skipped_blocks(c) <= start
+            mid = (lo + hi + 1) // 2
+            if self.num_skipped_blocks(request, mid) <= start:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     # ---- views ---------------------------------------------------------------
 

@@ -19,6 +19,7 @@ class FullAttentionManager(SingleTypeManager):
 
     spec_class = FullAttentionSpec
     downward_closed = True
+    skips = False
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
                                max_length: int) -> list[Block]:

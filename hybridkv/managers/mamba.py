@@ -65,13 +65,16 @@ class MambaManager(SingleTypeManager):
         return [j for j in range(first, last + 1) if j % every == 0 or j == prompt_end]
 
     def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
-                               num_tokens: int, new_computed_blocks: Sequence[Block]) -> int:
-        blocks = new_computed_blocks or self.req_to_blocks.get(request.request_id, [])
-        need_live = self._live_block(list(blocks), num_computed_tokens) is None
-        num_evictable = sum(1 for b in new_computed_blocks
-                            if b.ref_cnt == 0 and b is not self.null_block)
+                               num_tokens: int, hit: Sequence[Block] | None) -> int:
         num_ckpt = len(self.checkpoint_boundaries(request, num_computed_tokens, num_tokens))
-        return int(need_live) + num_ckpt + num_evictable
+        if hit:
+            evictable = sum(1 for b in hit if b.ref_cnt == 0 and b is not self.null_block)
+            return 1 + num_ckpt + evictable  # a new live block
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return 1 + num_ckpt
+        freed = self._num_freed_by_skip(request, blocks, num_computed_tokens)
+        return int(self._live_block(blocks, num_computed_tokens) is None) + num_ckpt - freed
 
     def allocate_new_blocks(self, request: Request, num_computed_tokens: int,
                             num_tokens: int) -> list[Block]:
@@ -96,6 +99,13 @@ class MambaManager(SingleTypeManager):
         if blocks and len(blocks) > num_computed_tokens // self.block_size:
             return blocks[-1]
         return None
+
+    def quiet_limits(self, request: Request) -> tuple[int, int]:
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return 0, 0
+        # one more token past the live block's span moves the live block
+        return len(blocks) * self.block_size - 1, self.max_quiet_computed(request)
 
     def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
         return min(num_tokens, max_chunk_tokens) // self.block_size + 2
