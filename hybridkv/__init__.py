@@ -26,7 +26,20 @@ from hybridkv.request import Request
 
 __version__ = "0.1.0"
 
+_ENGINE_NAMES = ("LLM", "SamplingParams", "RequestOutput", "EngineStats")
+
+
+def __getattr__(name: str):
+    """The engine (torch, transformers) is imported only when first used."""
+    if name in _ENGINE_NAMES:
+        from hybridkv import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'hybridkv' has no attribute {name!r}")
+
+
 __all__ = [
+    "LLM", "SamplingParams", "RequestOutput", "EngineStats",
     "AllBlocksCleared", "AttentionSpec", "Block", "BlockPool", "BlockRemoved", "BlockStored",
     "ChunkedLocalAttentionSpec", "EvictionPolicy", "FullAttentionSpec", "HybridCoordinator",
     "KVCacheBlocks", "KVCacheConfig", "KVCacheGroupSpec", "KVCacheManager", "KVCacheSpec",

@@ -96,12 +96,16 @@ class HybridCoordinator:
 
     def allocate(self, request: Request, num_computed_tokens: int, num_tokens: int,
                  hit: GroupBlocks | None) -> GroupBlocks:
-        """Release skipped blocks or adopt the hit, then allocate, in every group."""
+        """Release skipped blocks or adopt the hit in every group, then allocate."""
+        managers = self.managers
         if hit is None:
-            return tuple([m.allocate(request, num_computed_tokens, num_tokens, None)
-                          for m in self.managers])
-        return tuple([m.allocate(request, num_computed_tokens, num_tokens, h)
-                      for m, h in zip(self.managers, hit)])
+            for m in managers:
+                m.prepare(request, num_computed_tokens, None)
+        else:
+            for m, h in zip(managers, hit):
+                m.prepare(request, num_computed_tokens, h)
+        return tuple([m.allocate_new_blocks(request, num_computed_tokens, num_tokens)
+                      for m in managers])
 
     def cache_blocks(self, request: Request, block_hashes: Sequence[bytes],
                      num_tokens: int) -> None:

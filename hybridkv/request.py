@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hybridkv.core.hashing import BlockHasher, MultiModalItem, check_mm_items
+from hybridkv.core.hashing import BlockHasher, MultiModalItem, check_mm_items, pack_tokens
+
+_MAX_TOKEN_ID = 2**32 - 1
 
 
 class Request:
@@ -15,8 +17,8 @@ class Request:
     starts again from 0. Block hashes are computed lazily by the manager and
     extended as tokens are appended.
 
-    Raises ValueError for an empty or non-string id, an empty prompt, or
-    malformed keys. Token values are checked when they are hashed.
+    Raises ValueError for an empty or non-string id, an empty prompt, token
+    ids that are not ints in [0, 2**32), or malformed keys.
     """
 
     __slots__ = ("request_id", "prompt_token_ids", "all_token_ids", "num_computed_tokens",
@@ -34,6 +36,7 @@ class Request:
                              f"got {type(prompt_token_ids).__name__}")
         if len(prompt_token_ids) == 0:
             raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
+        pack_tokens(prompt_token_ids)  # raises ValueError naming a bad token id
         if cache_salt is not None and not isinstance(cache_salt, str | bytes):
             raise ValueError(f"cache_salt must be str or bytes, got {type(cache_salt).__name__}")
         if lora_name is not None and not isinstance(lora_name, str):
@@ -61,11 +64,16 @@ class Request:
         return self.all_token_ids[self.num_prompt_tokens:]
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
-        """Append generated token(s); their blocks are hashed when they fill."""
-        if isinstance(token_ids, int):
+        """Append generated token(s); their blocks are hashed when they fill.
+
+        Raises ValueError (appending nothing) for ids not in [0, 2**32).
+        """
+        if type(token_ids) is int and 0 <= token_ids <= _MAX_TOKEN_ID:
             self.all_token_ids.append(token_ids)
-        else:
-            self.all_token_ids.extend(token_ids)
+            return
+        if isinstance(token_ids, str | bytes) or not isinstance(token_ids, Sequence):
+            token_ids = [token_ids]  # type: ignore[list-item]
+        self.all_token_ids.extend(pack_tokens(token_ids) and [int(t) for t in token_ids])
 
     def block_hashes(self, hash_algo: str, block_size: int) -> list[bytes]:
         """Hashes of every full block so far (computed once, then extended)."""

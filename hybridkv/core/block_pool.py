@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from hybridkv.core.eviction import EvictionPolicy, make_eviction_policy
 from hybridkv.core.events import (
     AllBlocksCleared,
     BlockEvent,
@@ -25,6 +24,7 @@ from hybridkv.core.events import (
     BlockStored,
     EventSubscriber,
 )
+from hybridkv.core.eviction import EvictionPolicy, make_eviction_policy
 
 
 class Block:

@@ -27,7 +27,14 @@ if TYPE_CHECKING:
 
 
 class EvictionPolicy(ABC):
-    """The set of free blocks and the order they are taken in."""
+    """The set of free blocks and the order they are taken in.
+
+    Constructed with the pool's initially free blocks (all uncached).
+    """
+
+    @abstractmethod
+    def __init__(self, blocks: Iterable[Block] = ()) -> None:
+        """Start with `blocks` free, taken in the order given."""
 
     @abstractmethod
     def __len__(self) -> int:

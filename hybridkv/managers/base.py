@@ -116,17 +116,17 @@ class SingleTypeManager(ABC):
 
     # ---- commit --------------------------------------------------------------
 
-    def allocate(self, request: Request, num_computed_tokens: int, num_tokens: int,
-                 hit: Sequence[Block] | None) -> list[Block]:
-        """Release skipped blocks (or adopt `hit`), then cover `num_tokens`.
+    def prepare(self, request: Request, num_computed_tokens: int,
+                hit: Sequence[Block] | None) -> None:
+        """First half of an allocation: adopt `hit`, or release skipped blocks.
 
-        Returns the newly allocated blocks. Callers checked the count first.
+        The coordinator runs this for every group before any group takes new
+        blocks, so blocks one group releases can serve another.
         """
         if hit:
             self.save_new_computed_blocks(request, hit)
         elif self.skips:
             self.remove_skipped_blocks(request, num_computed_tokens)
-        return self.allocate_new_blocks(request, num_computed_tokens, num_tokens)
 
     def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Return blocks the request no longer needs; their positions become null.

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from hybridkv.core.block_pool import Block
-from hybridkv.core.specs import FullAttentionSpec
+from hybridkv.core.specs import FullAttentionSpec, KVCacheSpec
 from hybridkv.managers.base import SingleTypeManager
 from hybridkv.request import Request
 
@@ -17,7 +18,7 @@ class FullAttentionManager(SingleTypeManager):
     of a hit is a hit too (the reusable set is downward closed).
     """
 
-    spec_class = FullAttentionSpec
+    spec_class: ClassVar[type[KVCacheSpec]] = FullAttentionSpec
     downward_closed = True
     skips = False
 

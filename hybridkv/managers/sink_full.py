@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from hybridkv.core.block_pool import BlockPool
-from hybridkv.core.specs import SinkFullAttentionSpec
+from hybridkv.core.specs import KVCacheSpec, SinkFullAttentionSpec
 from hybridkv.managers.full import FullAttentionManager
 
 
@@ -15,7 +17,7 @@ class SinkFullAttentionManager(FullAttentionManager):
     from `sink_block_ids`.
     """
 
-    spec_class = SinkFullAttentionSpec
+    spec_class: ClassVar[type[KVCacheSpec]] = SinkFullAttentionSpec
 
     def __init__(self, spec: SinkFullAttentionSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:

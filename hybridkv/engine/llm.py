@@ -1,0 +1,232 @@
+"""LLM: the offline engine. Prompts in, tokens out, prefixes reused."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybridkv.core.kv_cache_config import KVCacheConfig
+from hybridkv.engine.executor import ModelExecutor
+from hybridkv.engine.sampling import RequestOutput, Sampler, SamplingParams
+from hybridkv.engine.scheduler import ScheduledSeq, Scheduler, SeqState
+from hybridkv.kv_cache_manager import KVCacheManager
+from hybridkv.models.registry import load_model
+from hybridkv.request import Request
+
+DEFAULT_KV_CACHE_BYTES = 64 << 20
+
+
+@dataclass
+class EngineStats:
+    """Cumulative numbers of one LLM instance."""
+
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    steps: int
+    preemptions: int
+    evictions: int
+    pool_usage: float
+    num_blocks: int
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class LLM:
+    """A hybrid model served with prefix caching on one shared block pool.
+
+    `model`: a built-in preset name (`hybridkv.models.list_presets()`), a local
+    Hugging Face checkpoint directory, or a `transformers` PreTrainedModel.
+    The pool is sized by `num_blocks`, else by `kv_cache_memory_bytes`
+    (default 64 MiB). Errors in the model or the sizes raise ValueError /
+    FileNotFoundError before anything is allocated.
+    """
+
+    def __init__(self, model: Any, *, enable_prefix_caching: bool = True, block_size: int = 16,
+                 num_blocks: int | None = None, kv_cache_memory_bytes: int | None = None,
+                 device: str = "cpu", dtype: Any = None, seed: int = 0,
+                 max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
+                 hash_algo: str = "sha256", eviction_policy: str = "lru",
+                 poison_kv_cache: bool = False) -> None:
+        self.runner = load_model(model, dtype=dtype, seed=seed)
+        if device != "cpu":
+            self.runner.model.to(device)
+        self.config = self._kv_cache_config(block_size, num_blocks, kv_cache_memory_bytes)
+        self.kv = KVCacheManager(self.config, enable_caching=enable_prefix_caching,
+                                 hash_algo=hash_algo, eviction_policy=eviction_policy)
+        self.scheduler = Scheduler(self.kv, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens)
+        self.executor = ModelExecutor(self.runner, self.config, device, poison=poison_kv_cache)
+        self.sampler = Sampler(seed)
+        self.tokenizer = _load_tokenizer(model)
+        self._counter = 0
+
+    def _kv_cache_config(self, block_size: int, num_blocks: int | None,
+                         budget: int | None) -> KVCacheConfig:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        specs = self.runner.kv_cache_specs(block_size)
+        if num_blocks is None:
+            return KVCacheConfig.from_layer_specs(specs, budget or DEFAULT_KV_CACHE_BYTES)
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
+            raise ValueError(f"num_blocks must be an int >= 2, got {num_blocks!r}")
+        layout = KVCacheConfig.from_layer_specs(specs, 1 << 40)
+        return dataclasses.replace(layout, num_blocks=num_blocks)
+
+    # ---- generation ----------------------------------------------------------
+
+    def generate(self, prompts: Sequence[Sequence[int] | str],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, use_tqdm: bool = False) -> list[RequestOutput]:
+        """Generate for every prompt; outputs in prompt order.
+
+        Every prompt is validated first (ValueError naming the bad one, nothing
+        scheduled): empty, token ids outside the vocabulary, longer than the
+        model's context, or too large for the whole pool.
+        """
+        seqs = self._make_seqs(prompts, sampling_params)
+        for seq in seqs:
+            self.scheduler.add(seq)
+        progress = _progress(len(seqs), use_tqdm)
+        while self.scheduler.has_work():
+            done = self.step()
+            if progress is not None and done:
+                progress.update(done)
+        if progress is not None:
+            progress.close()
+        return [self._output(seq) for seq in seqs]
+
+    def step(self) -> int:
+        """Schedule and run one step; return how many requests finished."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            raise RuntimeError("no request could be scheduled although the pool was checked; "
+                               "this is a bug")
+        logits = self.executor.execute(batch, self.kv)
+        self.scheduler.finish_step(batch)
+        return self._sample(batch, logits)
+
+    def _sample(self, batch: list[ScheduledSeq], logits: torch.Tensor) -> int:
+        finished = 0
+        row = 0
+        for item in batch:
+            if not item.samples:
+                continue
+            seq, req = item.seq, item.seq.request
+            token = self.sampler.sample(logits[row], seq.request_id, seq.params, seq.index)
+            row += 1
+            req.append_output_token_ids(token)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                self.sampler.forget(seq.request_id)
+                finished += 1
+        return finished
+
+    def _stop_reason(self, seq: SeqState, token: int) -> str | None:
+        if not seq.params.ignore_eos and token in self.runner.eos_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= seq.params.max_tokens:
+            return "length"
+        if seq.request.num_tokens >= self.runner.max_model_len:
+            return "length"
+        return None
+
+    def _output(self, seq: SeqState) -> RequestOutput:
+        req = seq.request
+        out = RequestOutput(req.request_id, req.prompt_token_ids, req.output_token_ids,
+                            max(seq.num_cached_tokens, 0), seq.finish_reason)
+        if self.tokenizer is not None:
+            out.text = self.tokenizer.decode(out.output_token_ids)
+        return out
+
+    # ---- validation ----------------------------------------------------------
+
+    def _make_seqs(self, prompts: Sequence[Sequence[int] | str],
+                   params: SamplingParams | Sequence[SamplingParams] | None) -> list[SeqState]:
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+            raise ValueError("prompts must be a non-empty list of token-id lists or strings")
+        per_prompt = _per_prompt_params(params, len(prompts))
+        seqs = []
+        for i, (prompt, p) in enumerate(zip(prompts, per_prompt)):
+            ids = self._token_ids(i, prompt)
+            self._check_fits(i, ids, p)
+            self._counter += 1
+            seqs.append(SeqState(Request(f"req-{self._counter}", ids), p, i))
+        return seqs
+
+    def _token_ids(self, i: int, prompt: Sequence[int] | str) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"prompt {i} is a string but this model has no tokenizer; "
+                                 f"pass token ids")
+            return list(self.tokenizer.encode(prompt))
+        if not isinstance(prompt, Sequence) or len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty or not a list of token ids")
+        vocab = self.runner.vocab_size
+        for t in prompt:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise ValueError(f"prompt {i}: token id {t!r} is outside the vocabulary "
+                                 f"[0, {vocab})")
+        return list(prompt)
+
+    def _check_fits(self, i: int, ids: list[int], params: SamplingParams) -> None:
+        limit = self.runner.max_model_len
+        if len(ids) >= limit:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens; the model's context is "
+                             f"{limit} tokens (at most {limit - 1} leave room for an output)")
+        total = min(len(ids) + params.max_tokens, limit)
+        if not self.kv.can_fit(total, self.scheduler.max_num_batched_tokens):
+            raise ValueError(f"prompt {i} needs more KV cache blocks than the whole pool has "
+                             f"({self.config.num_blocks} blocks); raise num_blocks or "
+                             f"kv_cache_memory_bytes")
+
+    # ---- stats ---------------------------------------------------------------
+
+    @property
+    def stats(self) -> EngineStats:
+        s = self.scheduler.stats
+        return EngineStats(requests=self._counter, prompt_tokens=s.prompt_tokens,
+                           cached_tokens=s.cached_tokens, steps=s.steps,
+                           preemptions=s.preemptions, evictions=self.kv.num_evictions,
+                           pool_usage=self.kv.usage, num_blocks=self.config.num_blocks)
+
+
+def _per_prompt_params(params: SamplingParams | Sequence[SamplingParams] | None,
+                       n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if len(params) != n or not all(isinstance(p, SamplingParams) for p in params):
+        raise ValueError(f"sampling_params must be one SamplingParams or one per prompt ({n})")
+    return list(params)
+
+
+def _load_tokenizer(model: Any):
+    """The tokenizer of a local checkpoint directory, if it has one."""
+    if not isinstance(model, str | os.PathLike) or not os.path.isdir(model):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="generate", unit="req")

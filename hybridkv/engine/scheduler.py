@@ -1,0 +1,149 @@
+"""Continuous batching with chunked prefill over the KVCacheManager.
+
+Each step: running requests first (one decode token, or their next prefill
+chunk), then waiting requests in arrival order, all within a token budget.
+When the pool runs dry the most recently admitted running request is
+preempted: its blocks are freed and it later recomputes its tokens (cached
+blocks usually make that cheap). The manager decides what is reused.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from hybridkv.engine.sampling import SamplingParams
+from hybridkv.kv_cache_manager import KVCacheManager
+from hybridkv.request import Request
+
+
+@dataclass(eq=False)
+class SeqState:
+    """A request inside the engine: tokens, sampling, progress, outcome."""
+
+    request: Request
+    params: SamplingParams
+    index: int  # position in the generate() call
+    num_cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.request.num_tokens - self.request.num_prompt_tokens
+
+
+@dataclass
+class ScheduledSeq:
+    """One request's share of a step: tokens [num_computed, num_computed + num_new)."""
+
+    seq: SeqState
+    num_computed: int  # tokens with KV/state in place, including a fresh cache hit
+    num_new: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether the step's last token of this request produces a new token."""
+        return self.num_computed + self.num_new == self.seq.request.num_tokens
+
+
+@dataclass
+class SchedulerStats:
+    steps: int = 0
+    preemptions: int = 0
+    scheduled_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    max_running: int = 0
+    usage_trace: list[float] = field(default_factory=list)
+
+
+class Scheduler:
+    """Decides, each step, which tokens of which requests are computed."""
+
+    def __init__(self, kv_cache_manager: KVCacheManager, *, max_num_seqs: int = 32,
+                 max_num_batched_tokens: int = 2048) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_seqs ({max_num_seqs}) and max_num_batched_tokens "
+                             f"({max_num_batched_tokens}) must be >= 1")
+        self.kv = kv_cache_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[SeqState] = deque()
+        self.running: list[SeqState] = []
+        self.stats = SchedulerStats()
+
+    def add(self, seq: SeqState) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        """Allocate slots for this step's tokens; return them in batch order."""
+        self.stats.steps += 1
+        budget = self.max_num_batched_tokens
+        batch: list[ScheduledSeq] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            req = seq.request
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if self.kv.allocate_slots(req, n) is None:
+                preempted = True
+                if self._preempt_last() is seq:
+                    break
+                continue
+            batch.append(ScheduledSeq(seq, req.num_computed_tokens, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            budget = self._admit(batch, budget)
+        self.stats.scheduled_tokens += self.max_num_batched_tokens - budget
+        self.stats.max_running = max(self.stats.max_running, len(self.running))
+        self.stats.usage_trace.append(self.kv.usage)
+        return batch
+
+    def _admit(self, batch: list[ScheduledSeq], budget: int) -> int:
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            req = seq.request
+            blocks, hit = self.kv.get_computed_blocks(req)
+            n = min(req.num_tokens - hit, budget)
+            if self.kv.allocate_slots(req, n, hit, blocks if hit else None) is None:
+                break
+            self.waiting.popleft()
+            if seq.num_cached_tokens < 0:
+                seq.num_cached_tokens = hit
+                self.stats.prompt_tokens += req.num_prompt_tokens
+                self.stats.cached_tokens += hit
+            req.num_computed_tokens = hit  # the hit is in place before the step runs
+            batch.append(ScheduledSeq(seq, hit, n))
+            self.running.append(seq)
+            budget -= n
+        return budget
+
+    def _preempt_last(self) -> SeqState:
+        victim = self.running.pop()
+        self.kv.free(victim.request)
+        victim.request.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(victim)
+        return victim
+
+    def finish_step(self, batch: list[ScheduledSeq]) -> None:
+        """Advance computed counts after the model ran the step."""
+        for item in batch:
+            item.seq.request.num_computed_tokens = item.num_computed + item.num_new
+
+    def finish(self, seq: SeqState, reason: str) -> None:
+        """A request is done: free its blocks (cached ones stay reusable)."""
+        seq.finish_reason = reason
+        self.running.remove(seq)
+        self.kv.free(seq.request)

@@ -1,0 +1,1 @@
+"""Compute kernels: paged attention and state-space scans, with a pure-torch path everywhere."""

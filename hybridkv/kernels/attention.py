@@ -1,0 +1,298 @@
+"""Paged attention over a block-table KV cache, with a pure-torch path that always works.
+
+Cache layout (the paged layout flash-attn takes): K and V are each
+`[num_blocks, block_size, num_kv_heads, head_dim]`. Token `t` of a sequence lives in block
+`block_table[s, t // block_size]` at offset `t % block_size`. Block 0 is the null block: it stands
+where a sequence no longer needs a block (e.g. outside its sliding window) and is never read.
+
+Visibility rules, identical to Hugging Face transformers' masks, for a query at position `p`
+and a key at position `k`:
+
+- causal: `k <= p`;
+- sliding window `W`: also `k > p - W`, unless `k < num_sink_tokens` (StreamingLLM sinks);
+- chunked local attention `C`: also `k // C == p // C`.
+
+Example (`W = 3`, one sink token, query at position 6): keys 0, 4, 5, 6 are visible.
+
+The torch path gathers, per sequence and per tile of queries, only the keys that some query of
+the tile can see, so blocks outside a window or chunk (null or not) never enter the arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybridkv.kernels.attention_flash import can_use_flash_attention, flash_paged_attention
+
+# Query rows per dense score tile in the torch path: bounds memory at QUERY_TILE x keys per head
+# and lets a long windowed prefill read only the keys near each tile.
+QUERY_TILE = 256
+
+
+@dataclass
+class AttentionBatch:
+    """Per-step metadata for one KV cache group (all layers of the group share it).
+
+    `query_start_loc`: int32 `[num_seqs + 1]`, cumulative counts of this step's new tokens.
+    `seq_lens`: int32 `[num_seqs]`, context length of each sequence including the new tokens.
+    `block_table`: int32 `[num_seqs, max_blocks]`, block ids in token order; 0 = null block.
+    `slot_mapping`: int64 `[num_tokens]`, `block_id * block_size + offset` of each new token.
+    `max_query_len` / `max_seq_len`: optional host copies of the maxima, so the GPU path needs no
+    device-to-host sync; computed from the tensors when left as None.
+    """
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    max_query_len: int | None = None
+    max_seq_len: int | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        """Number of sequences in the batch."""
+        return self.seq_lens.shape[0]
+
+
+@dataclass(frozen=True)
+class MaskRules:
+    """Which keys a query sees, and how its scores are shaped before the softmax."""
+
+    scale: float
+    sliding_window: int | None = None
+    num_sink_tokens: int = 0
+    chunk_size: int | None = None
+    softcap: float | None = None
+
+    def first_key(self, pos: int) -> int:
+        """Smallest non-sink key position a query at `pos` sees (window and chunk start)."""
+        first = 0
+        if self.sliding_window is not None:
+            first = max(first, pos - self.sliding_window + 1)
+        if self.chunk_size is not None:
+            first = max(first, pos // self.chunk_size * self.chunk_size)
+        return first
+
+    def key_positions(self, first_query: int, end: int, device: torch.device) -> torch.Tensor:
+        """Positions some query in `[first_query, end)` sees: the sinks, then a contiguous run.
+
+        Example: `W = 3`, 2 sinks, queries 6..7 -> `[0, 1, 4, 5, 6, 7]`.
+        """
+        first = self.first_key(first_query)
+        run = torch.arange(first, end, device=device)
+        num_sinks = min(self.num_sink_tokens, first) if self.sliding_window is not None else 0
+        if num_sinks == 0:
+            return run
+        return torch.cat([torch.arange(num_sinks, device=device), run])
+
+    def visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Boolean mask `[n, L]`: query `q_pos[i]` sees key `k_pos[j]`."""
+        q, k = q_pos[:, None], k_pos[None, :]  # [n, 1], [1, L]
+        mask = k <= q
+        if self.sliding_window is not None:
+            mask &= (k > q - self.sliding_window) | (k < self.num_sink_tokens)
+        if self.chunk_size is not None:
+            mask &= (k // self.chunk_size) == (q // self.chunk_size)
+        return mask
+
+
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write new tokens' K/V into the paged caches, in place.
+
+    `key`/`value`: `[num_tokens, num_kv_heads, head_dim]`; caches:
+    `[num_blocks, block_size, num_kv_heads, head_dim]`; `slot_mapping`: `[num_tokens]` with
+    `slot = block_id * block_size + offset` (every slot must be a valid index).
+    Raises ValueError on mismatched shapes.
+    """
+    if key.shape != value.shape or key.dim() != 3:
+        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must be the "
+                         "same [num_tokens, num_kv_heads, head_dim] shape")
+    if k_cache.shape != v_cache.shape or k_cache.dim() != 4:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must "
+                         "be the same [num_blocks, block_size, num_kv_heads, head_dim] shape")
+    if key.shape[1:] != k_cache.shape[2:]:
+        raise ValueError(f"key heads/head_dim {tuple(key.shape[1:])} do not match the cache's "
+                         f"{tuple(k_cache.shape[2:])}")
+    if slot_mapping.shape != (key.shape[0],):
+        raise ValueError(f"slot_mapping shape {tuple(slot_mapping.shape)} must be "
+                         f"({key.shape[0]},), one slot per token")
+    slots = slot_mapping.long()
+    blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]  # [num_tokens] each
+    k_cache[blocks, offsets] = key.to(k_cache.dtype)
+    v_cache[blocks, offsets] = value.to(v_cache.dtype)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: AttentionBatch,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    num_sink_tokens: int = 0,
+    chunk_size: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of this step's new tokens over their cached context.
+
+    `query`: `[num_tokens, num_q_heads, head_dim]`; sequence `s` owns rows
+    `query_start_loc[s]:query_start_loc[s+1]`, its last `n_s` positions
+    `seq_lens[s] - n_s .. seq_lens[s] - 1`. Their K/V must already be in the cache (`write_kv`).
+    `num_q_heads` must be a multiple of `num_kv_heads` (GQA: q head `h` reads kv head
+    `h // (num_q_heads // num_kv_heads)`). `softcap` c maps scores to `c * tanh(score / c)`;
+    `sinks` `[num_q_heads]` are learned logits joining the softmax denominator as a key with a
+    zero value (gpt-oss). Returns `[num_tokens, num_q_heads, head_dim]` in `query.dtype`.
+    Uses flash-attn on CUDA when it supports the options, else the torch path.
+    Raises ValueError on mismatched shapes or invalid options.
+    """
+    _check_tensors(query, k_cache, v_cache, sinks)
+    _check_options(sliding_window, num_sink_tokens, chunk_size, softcap)
+    _check_batch_shapes(query, batch)
+    if can_use_flash_attention(query, k_cache, num_sink_tokens=num_sink_tokens,
+                               chunk_size=chunk_size, sinks=sinks):
+        return flash_paged_attention(query, k_cache, v_cache, batch, scale=scale,
+                                     sliding_window=sliding_window, softcap=softcap)
+    rules = MaskRules(scale, sliding_window, num_sink_tokens, chunk_size, softcap)
+    return torch_paged_attention(query, k_cache, v_cache, batch, rules, sinks)
+
+
+def torch_paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: AttentionBatch,
+    rules: MaskRules,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The pure-torch path of `paged_attention` (any device): one sequence at a time."""
+    starts = batch.query_start_loc.tolist()
+    seq_lens = batch.seq_lens.tolist()
+    capacity = batch.block_table.shape[1] * k_cache.shape[1]
+    _check_lengths(starts, seq_lens, query.shape[0], capacity)
+    out = torch.empty_like(query)  # [num_tokens, Hq, D]
+    for s, seq_len in enumerate(seq_lens):
+        lo, hi = starts[s], starts[s + 1]
+        if hi > lo:
+            out[lo:hi] = _attend_sequence(query[lo:hi], k_cache, v_cache,
+                                          batch.block_table[s], seq_len, rules, sinks)
+    return out
+
+
+def _attend_sequence(query, k_cache, v_cache, block_row, seq_len, rules, sinks) -> torch.Tensor:
+    # query: [n, Hq, D] for positions seq_len - n .. seq_len - 1; block_row: [max_blocks]
+    first_pos = seq_len - query.shape[0]
+    tiles = [
+        _attend_tile(query[i:i + QUERY_TILE], k_cache, v_cache, block_row, first_pos + i, rules,
+                     sinks)
+        for i in range(0, query.shape[0], QUERY_TILE)
+    ]
+    return tiles[0] if len(tiles) == 1 else torch.cat(tiles)
+
+
+def _attend_tile(query, k_cache, v_cache, block_row, first_pos, rules, sinks) -> torch.Tensor:
+    # query: [n, Hq, D] for positions first_pos .. first_pos + n - 1
+    end = first_pos + query.shape[0]
+    k_pos = rules.key_positions(first_pos, end, query.device)  # [L]
+    key, value = _gather_kv(k_cache, v_cache, block_row, k_pos)  # [L, Hkv, D] each
+    q_pos = torch.arange(first_pos, end, device=query.device)  # [n]
+    return _dense_attention(query, key, value, rules.visible(q_pos, k_pos), rules, sinks)
+
+
+def _gather_kv(k_cache, v_cache, block_row, positions) -> tuple[torch.Tensor, torch.Tensor]:
+    # positions: [L] token positions -> K, V [L, Hkv, D] read through the block table
+    block_size = k_cache.shape[1]
+    blocks = block_row[positions // block_size].long()  # [L]
+    offsets = positions % block_size  # [L]
+    return k_cache[blocks, offsets], v_cache[blocks, offsets]
+
+
+def _dense_attention(query, key, value, mask, rules: MaskRules, sinks) -> torch.Tensor:
+    # query: [n, Hq, D]; key/value: [L, Hkv, D]; mask: [n, L]; sinks: [Hq] or None
+    n, num_q_heads, head_dim = query.shape
+    num_kv_heads = key.shape[1]
+    group = num_q_heads // num_kv_heads
+    q = query.float().reshape(n, num_kv_heads, group, head_dim)  # [n, Hkv, G, D]
+    q = q.permute(1, 2, 0, 3).reshape(num_kv_heads, group * n, head_dim)  # [Hkv, G*n, D]
+    k = key.float().permute(1, 2, 0)  # [Hkv, D, L]
+    v = value.float().transpose(0, 1)  # [Hkv, L, D]
+    scores = (q @ k).view(num_kv_heads, group, n, -1) * rules.scale  # [Hkv, G, n, L]
+    if rules.softcap is not None:
+        scores = torch.tanh(scores / rules.softcap) * rules.softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = _softmax_with_sinks(scores, sinks)  # [Hkv, G, n, L]
+    out = probs.reshape(num_kv_heads, group * n, -1) @ v  # [Hkv, G*n, D]
+    out = out.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3)  # [n, Hkv, G, D]
+    return out.reshape(n, num_q_heads, head_dim).to(query.dtype)
+
+
+def _softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    # scores: [Hkv, G, n, L]; sinks: [Hq = Hkv * G] logits of a virtual key whose value is zero
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    num_kv_heads, group, n, _ = scores.shape
+    sink = sinks.float().view(num_kv_heads, group, 1, 1).expand(-1, -1, n, 1)  # [Hkv, G, n, 1]
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)  # [Hkv, G, n, L + 1]
+    return probs[..., :-1]
+
+
+def _check_tensors(query, k_cache, v_cache, sinks) -> None:
+    if query.dim() != 3:
+        raise ValueError(f"query must be [num_tokens, num_q_heads, head_dim], "
+                         f"got shape {tuple(query.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must "
+                         "be the same [num_blocks, block_size, num_kv_heads, head_dim] shape")
+    num_q_heads, head_dim = query.shape[1:]
+    if head_dim != k_cache.shape[3]:
+        raise ValueError(f"query head_dim {head_dim} != cache head_dim {k_cache.shape[3]}")
+    if num_q_heads % k_cache.shape[2] != 0:
+        raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of "
+                         f"num_kv_heads {k_cache.shape[2]}")
+    if sinks is not None and sinks.shape != (num_q_heads,):
+        raise ValueError(f"sinks shape {tuple(sinks.shape)} must be ({num_q_heads},)")
+
+
+def _check_options(sliding_window, num_sink_tokens, chunk_size, softcap) -> None:
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+    if num_sink_tokens < 0:
+        raise ValueError(f"num_sink_tokens must be >= 0, got {num_sink_tokens}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if chunk_size is not None and num_sink_tokens > 0:
+        raise ValueError("num_sink_tokens applies to sliding_window, not to chunk_size")
+    if softcap is not None and softcap <= 0:
+        raise ValueError(f"softcap must be > 0, got {softcap}")
+
+
+def _check_batch_shapes(query: torch.Tensor, batch: AttentionBatch) -> None:
+    num_seqs = batch.num_seqs
+    if batch.seq_lens.dim() != 1 or batch.query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError(f"query_start_loc shape {tuple(batch.query_start_loc.shape)} must be "
+                         f"({num_seqs + 1},) for {num_seqs} sequences")
+    if batch.block_table.dim() != 2 or batch.block_table.shape[0] != num_seqs:
+        raise ValueError(f"block_table shape {tuple(batch.block_table.shape)} must be "
+                         f"({num_seqs}, max_blocks)")
+
+
+def _check_lengths(starts: list[int], seq_lens: list[int], num_tokens: int, capacity: int) -> None:
+    if starts[0] != 0 or starts[-1] != num_tokens:
+        raise ValueError(f"query_start_loc must run from 0 to num_tokens={num_tokens}, "
+                         f"got {starts[0]}..{starts[-1]}")
+    for s, seq_len in enumerate(seq_lens):
+        num_new = starts[s + 1] - starts[s]
+        if num_new < 0 or num_new > seq_len:
+            raise ValueError(f"sequence {s}: {num_new} new tokens but seq_len {seq_len}")
+        if seq_len > capacity:
+            raise ValueError(f"sequence {s}: seq_len {seq_len} exceeds the block table's "
+                             f"capacity of {capacity} tokens")
