@@ -118,7 +118,7 @@ class KVCacheManager:
         at all, when the pool can't supply them. Raises ValueError for
         counts past the request's tokens or a hit that does not match.
         """
-        if not num_new_computed_tokens:  # fast path: nothing changes in any group
+        if not num_new_computed_tokens and type(request) is Request:  # fast path: no change
             quiet = self._requests.get(request.request_id)
             if quiet is not None and quiet[0] is request and type(num_new_tokens) is int:
                 computed = request.num_computed_tokens
