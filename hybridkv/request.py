@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hybridkv.core.hashing import BlockHasher, MultiModalItem, check_mm_items, pack_tokens
+from hybridkv.core.hashing import BlockHasher, MultiModalItem, check_mm_items, check_token_ids
 
 _MAX_TOKEN_ID = 2**32 - 1
 
@@ -36,7 +36,8 @@ class Request:
                              f"got {type(prompt_token_ids).__name__}")
         if len(prompt_token_ids) == 0:
             raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
-        pack_tokens(prompt_token_ids)  # raises ValueError naming a bad token id
+        self.prompt_token_ids = list(prompt_token_ids)
+        check_token_ids(self.prompt_token_ids)
         if cache_salt is not None and not isinstance(cache_salt, str | bytes):
             raise ValueError(f"cache_salt must be str or bytes, got {type(cache_salt).__name__}")
         if lora_name is not None and not isinstance(lora_name, str):
@@ -45,7 +46,6 @@ class Request:
                                        or not isinstance(max_tokens, int) or max_tokens < 1):
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         self.request_id = request_id
-        self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.num_computed_tokens = 0
@@ -73,7 +73,9 @@ class Request:
             return
         if isinstance(token_ids, str | bytes) or not isinstance(token_ids, Sequence):
             token_ids = [token_ids]  # type: ignore[list-item]
-        self.all_token_ids.extend(pack_tokens(token_ids) and [int(t) for t in token_ids])
+        token_ids = list(token_ids)
+        check_token_ids(token_ids)
+        self.all_token_ids.extend(int(t) for t in token_ids)
 
     def block_hashes(self, hash_algo: str, block_size: int) -> list[bytes]:
         """Hashes of every full block so far (computed once, then extended)."""

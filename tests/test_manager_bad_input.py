@@ -1,6 +1,7 @@
 """Every invalid call raises the documented error and changes nothing."""
 
 import pytest
+from snapshot import snapshot
 
 from hybridkv import (
     FullAttentionSpec,
@@ -13,7 +14,6 @@ from hybridkv import (
     SlidingWindowSpec,
     compute_block_hashes,
 )
-from snapshot import snapshot
 
 
 def make_manager(num_blocks=16, **kw):
@@ -96,7 +96,7 @@ def test_bad_construction_raises_value_error_naming_the_value(make, match):
         make()
 
 
-@pytest.mark.parametrize("bad", [-5, 2**32, 1.5, None, "7"])
+@pytest.mark.parametrize("bad", [-5, 2**32, 1.5, None, "7", True])
 def test_bad_token_ids_are_rejected_in_prompts_and_appends(bad):
     with pytest.raises(ValueError, match="token id"):
         Request("x", [1, 2, 3, 4, bad, 6])

@@ -47,7 +47,7 @@ def allocate_kv_memory(config: KVCacheConfig, device: str | torch.device = "cpu"
             views[name] = layer_views(raw, group.kv_cache_spec, config.num_blocks,
                                       config.page_size_bytes)
     if fill is not None:
-        for name, tensors in views.items():
+        for tensors in views.values():
             for t in tensors:
                 t.fill_(fill)
     return views

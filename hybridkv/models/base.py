@@ -29,6 +29,7 @@ from hybridkv.core.specs import (
     dtype_name,
 )
 from hybridkv.kernels.attention import AttentionBatch, paged_attention, write_kv
+from hybridkv.models.mamba_batch import MambaBatch
 from hybridkv.models.rope import RotaryEmbedding, rotary_from_params
 
 FULL_ATTENTION = "full_attention"
@@ -164,12 +165,19 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn_batches: Mapping[str, AttentionBatch],
-                logits_indices: torch.Tensor) -> torch.Tensor:
+                logits_indices: torch.Tensor,
+                mamba_batches: Mapping[str, MambaBatch] | None = None) -> torch.Tensor:
         """Run one step; float32 logits [S, vocab] of the rows `logits_indices`.
 
         `input_ids`, `positions`: int64 [T]; `attn_batches`: layer name -> batch
         of its group. K/V of the new tokens are written to the bound caches.
+        `mamba_batches`: layer name -> state instructions, for runners with
+        Mamba layers (see `mamba_mixer.HybridRunner`); ValueError when given
+        to a runner without any.
         """
+        if mamba_batches:
+            raise ValueError(f"{type(self).__name__} has no Mamba layers, got mamba_batches "
+                             f"for {sorted(mamba_batches)}")
         self._check_step(input_ids, positions, attn_batches)
         step = Step(positions, {key: rotary.cos_sin(positions)
                                 for key, rotary in self.rotaries.items()})

@@ -1,0 +1,48 @@
+"""Conformance kit: check a KV cache manager against brute-force reuse rules.
+
+Run the suite on your own manager (pytest-friendly: `report.assert_ok()`)::
+
+    from hybridkv.testing import run_conformance, sliding_window_is_reusable
+    report = run_conformance(SlidingWindowSpec, MySlidingManager, sliding_window_is_reusable)
+    report.assert_ok()
+
+`run_hybrid_conformance(specs)` checks a group mix against the hybrid rule;
+the oracles and brute-force helpers are usable on their own.
+"""
+
+from hybridkv.testing.conformance import (
+    ConformanceError,
+    ConformanceReport,
+    run_conformance,
+    run_hybrid_conformance,
+)
+from hybridkv.testing.oracles import (
+    BUILTIN_ORACLES,
+    HybridExpectation,
+    Oracle,
+    cached_positions,
+    chunked_local_is_reusable,
+    decode_block_bound,
+    expected_hit,
+    full_is_reusable,
+    hybrid_expectation,
+    hybrid_longest_reusable,
+    longest_reusable,
+    mamba_is_reusable,
+    oracle_for,
+    random_spec,
+    required_positions,
+    sink_full_is_reusable,
+    sliding_window_is_reusable,
+    snapshot_diff,
+    state_snapshot,
+)
+
+__all__ = [
+    "BUILTIN_ORACLES", "ConformanceError", "ConformanceReport", "HybridExpectation", "Oracle",
+    "cached_positions", "chunked_local_is_reusable", "decode_block_bound", "expected_hit",
+    "full_is_reusable", "hybrid_expectation", "hybrid_longest_reusable", "longest_reusable",
+    "mamba_is_reusable", "oracle_for", "random_spec", "required_positions",
+    "run_conformance", "run_hybrid_conformance", "sink_full_is_reusable",
+    "sliding_window_is_reusable", "snapshot_diff", "state_snapshot",
+]
