@@ -71,6 +71,11 @@ class Request:
         if type(token_ids) is int and 0 <= token_ids <= _MAX_TOKEN_ID:
             self.all_token_ids.append(token_ids)
             return
+        if type(token_ids) is list and len(token_ids) == 1:  # one decoded token
+            token = token_ids[0]
+            if type(token) is int and 0 <= token <= _MAX_TOKEN_ID:
+                self.all_token_ids.append(token)
+                return
         if isinstance(token_ids, str | bytes) or not isinstance(token_ids, Sequence):
             token_ids = [token_ids]  # type: ignore[list-item]
         token_ids = list(token_ids)

@@ -120,3 +120,19 @@ class ManagerMachine(RuleBasedStateMachine):
 TestManagerMachine = ManagerMachine.TestCase
 TestManagerMachine.settings = __import__("hypothesis").settings(
     max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_closed_form_quiet_limits_equal_the_generic_search():
+    """Each type's closed form equals the base class's search over num_skipped_blocks."""
+    from hybridkv.managers.base import SingleTypeManager
+
+    for name, specs in CONFIGS.items():
+        groups = [KVCacheGroupSpec([f"g{i}"], s) for i, s in enumerate(specs)]
+        mgr = KVCacheManager(KVCacheConfig(400, groups))
+        req = Request("r", list(range(150)))
+        for computed in range(0, 150, 7):
+            assert mgr.allocate_slots(req, min(7, 150 - computed)) is not None
+            req.num_computed_tokens = min(computed + 7, 150)
+            for m in mgr.coordinator.managers:
+                assert m.max_quiet_computed(req) == SingleTypeManager.max_quiet_computed(m, req), \
+                    (name, type(m).__name__, computed)

@@ -212,14 +212,18 @@ class SingleTypeManager(ABC):
         return max_tokens, self.max_quiet_computed(request)
 
     def max_quiet_computed(self, request: Request) -> int:
-        """Largest computed-token count that releases no block yet."""
+        """Largest computed-token count that releases no block yet.
+
+        A search over the monotone `num_skipped_blocks`; the built-in types
+        override it with a closed form.
+        """
         if not self.skips:
             return 1 << 62
         start = self.num_skipped.get(request.request_id, self.num_kept_head_blocks)
-        computed = request.num_computed_tokens
-        while self.num_skipped_blocks(request, computed + 1) <= start and computed < 1 << 40:
-            computed += 1 + computed // 2  # grow geometrically, then settle below
-        lo, hi = request.num_computed_tokens, computed
+        hi = max(request.num_computed_tokens, 1)
+        while self.num_skipped_blocks(request, hi) <= start and hi < 1 << 40:
+            hi *= 2
+        lo = 0  # num_skipped_blocks(0) == 0 <= start
         while lo < hi:  # largest c with num_skipped_blocks(c) <= start
             mid = (lo + hi + 1) // 2
             if self.num_skipped_blocks(request, mid) <= start:

@@ -41,6 +41,12 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
         chunk = self.spec.attention_chunk_size
         return num_computed_tokens // chunk * chunk // self.block_size
 
+    def max_quiet_computed(self, request: Request) -> int:
+        # floor(c / C) * C / B <= start  <=>  floor(c / C) <= start * B // C
+        start = self.num_skipped.get(request.request_id, 0)
+        chunk = self.spec.attention_chunk_size
+        return (start * self.block_size // chunk + 1) * chunk - 1
+
     def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
         span = self.spec.attention_chunk_size + min(num_tokens, max_chunk_tokens)
         return min(-(-num_tokens // self.block_size), span // self.block_size + 2)

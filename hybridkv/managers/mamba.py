@@ -107,6 +107,10 @@ class MambaManager(SingleTypeManager):
         # one more token past the live block's span moves the live block
         return len(blocks) * self.block_size - 1, self.max_quiet_computed(request)
 
+    def max_quiet_computed(self, request: Request) -> int:
+        # c // B <= start  <=>  c <= (start + 1) * B - 1
+        return (self.num_skipped.get(request.request_id, 0) + 1) * self.block_size - 1
+
     def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
         return min(num_tokens, max_chunk_tokens) // self.block_size + 2
 

@@ -74,6 +74,11 @@ class SlidingWindowManager(SingleTypeManager):
         first_needed = num_computed_tokens - self.spec.sliding_window + 1
         return max(first_needed, 0) // self.block_size
 
+    def max_quiet_computed(self, request: Request) -> int:
+        # (c - W + 1) // B <= start  <=>  c <= (start + 1) * B + W - 2
+        start = self.num_skipped.get(request.request_id, self.num_kept_head_blocks)
+        return (start + 1) * self.block_size + self.spec.sliding_window - 2
+
     def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
         window = self.spec.sliding_window - 1 + min(num_tokens, max_chunk_tokens)
         return min(-(-num_tokens // self.block_size),

@@ -86,6 +86,20 @@ _PRESETS = (
             "rope_parameters": {"rope_type": "yarn", "rope_theta": 150_000.0, "factor": 8.0,
                                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                 "original_max_position_embeddings": 64}}),
+    Preset("jamba-tiny", "jamba", 1024,
+           "Jamba: 3 Mamba-1 layers + 1 attention layer (no rope), MoE (4 experts) every 2nd",
+           {"num_hidden_layers": 4, "intermediate_size": 128, "attn_layer_period": 4,
+            "attn_layer_offset": 2, "expert_layer_period": 2, "expert_layer_offset": 1,
+            "num_experts": 4, "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
+            "mamba_expand": 2, "mamba_dt_rank": 8}),
+    Preset("nemotron-h-tiny", "nemotron_h", 1024,
+           "NemotronH: Mamba-2 / MoE / attention (no rope) / Mamba-2 / MLP layers",
+           {"layers_block_type": ["linear_attention", "moe", "full_attention",
+                                  "linear_attention", "mlp"],
+            "intermediate_size": 128, "mamba_num_heads": 8, "mamba_head_dim": 16,
+            "n_groups": 2, "ssm_state_size": 16, "conv_kernel": 4, "chunk_size": 16,
+            "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+            "moe_shared_expert_intermediate_size": 64}),
 )
 
 PRESETS: dict[str, Preset] = {preset.name: preset for preset in _PRESETS}

@@ -22,14 +22,16 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from hybridkv.models.base import ModelRunner
 from hybridkv.models.gemma import Gemma2Runner, Gemma3Runner
 from hybridkv.models.gpt_oss import GptOssRunner
+from hybridkv.models.jamba import JambaRunner
 from hybridkv.models.llama4 import Llama4Runner
+from hybridkv.models.nemotron_h import NemotronHRunner
 from hybridkv.models.presets import PRESETS, build_preset_model, get_preset
 from hybridkv.models.qwen2 import MistralRunner, Qwen2Runner
 
 RUNNERS: dict[str, type[ModelRunner]] = {
     runner.model_type: runner
     for runner in (Gemma2Runner, Gemma3Runner, Qwen2Runner, MistralRunner, Llama4Runner,
-                   GptOssRunner)
+                   GptOssRunner, JambaRunner, NemotronHRunner)
 }
 
 

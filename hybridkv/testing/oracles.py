@@ -21,7 +21,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from hybridkv.core.block_pool import Block, BlockPool
 from hybridkv.core.specs import (
@@ -253,7 +253,7 @@ def random_spec(spec_class: type[KVCacheSpec], rng: random.Random,
 # ---- the state a refused allocation must keep ----------------------------------
 
 
-def state_snapshot(kv: KVCacheManager) -> dict[str, object]:
+def state_snapshot(kv: KVCacheManager) -> dict[str, Any]:
     """Everything a refused allocation must leave as it was."""
     pool, managers = kv.pool, kv.coordinator.managers
     stats = kv.prefix_cache_stats
@@ -271,6 +271,6 @@ def state_snapshot(kv: KVCacheManager) -> dict[str, object]:
     }
 
 
-def snapshot_diff(before: Mapping[str, object], after: Mapping[str, object]) -> list[str]:
+def snapshot_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """Names of the parts that differ between two `state_snapshot`s."""
     return [key for key in before if before[key] != after.get(key)]
