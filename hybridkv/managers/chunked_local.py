@@ -24,14 +24,14 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
                                max_length: int) -> list[Block]:
-        bs = self.block_size
-        num_blocks = max_length // bs
-        chunk_start = (num_blocks * bs) // self.spec.attention_chunk_size \
-            * self.spec.attention_chunk_size // bs
+        bs, stride = self.block_size, self.stride
+        num_blocks = min(max_length // bs, len(block_hashes) // stride)
+        chunk = self.spec.attention_chunk_size
+        chunk_start = num_blocks * bs // chunk * chunk // bs
         hit = [self.null_block] * chunk_start
         get = self.pool.cached[self.group_id].get
-        for block_hash in self.group_hashes(block_hashes, num_blocks)[chunk_start:]:
-            block = get(block_hash)
+        for i in range(chunk_start, num_blocks):
+            block = get(block_hashes[(i + 1) * stride - 1])
             if block is None:
                 break
             hit.append(block)

@@ -38,11 +38,11 @@ class MambaManager(SingleTypeManager):
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
                                max_length: int) -> list[Block]:
-        num_blocks = max_length // self.block_size
-        hashes = self.group_hashes(block_hashes, num_blocks)
+        stride = self.stride
+        num_blocks = min(max_length // self.block_size, len(block_hashes) // stride)
         get = self.pool.cached[self.group_id].get
-        for i in range(len(hashes) - 1, -1, -1):
-            block = get(hashes[i])
+        for i in range(num_blocks - 1, -1, -1):
+            block = get(block_hashes[(i + 1) * stride - 1])
             if block is not None:
                 return [self.null_block] * i + [block]
         return []

@@ -30,42 +30,40 @@ class SlidingWindowManager(SingleTypeManager):
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
                                max_length: int) -> list[Block]:
-        spec = self.spec
-        num_blocks = max_length // self.block_size
-        hashes = self.group_hashes(block_hashes, num_blocks)
+        spec, stride = self.spec, self.stride
+        num_blocks = min(max_length // self.block_size, len(block_hashes) // stride)
         get = self.pool.cached[self.group_id].get
         sinks: list[Block] = []
-        for block_hash in hashes[:spec.num_sink_blocks]:
-            block = get(block_hash)
+        for i in range(min(spec.num_sink_blocks, num_blocks)):
+            block = get(block_hashes[(i + 1) * stride - 1])
             if block is None:
+                num_blocks = i  # L may not pass a missing sink block
                 break
             sinks.append(block)
-        if len(sinks) < spec.num_sink_blocks:
-            num_blocks = len(sinks)  # L may not pass a missing sink block
-        return self._search_window(hashes, num_blocks, sinks)
+        return self._search_window(block_hashes, num_blocks, sinks)
 
-    def _search_window(self, hashes: Sequence[bytes], num_blocks: int,
+    def _search_window(self, block_hashes: Sequence[bytes], num_blocks: int,
                        sinks: list[Block]) -> list[Block]:
-        need = self.spec.num_window_blocks
-        null = self.null_block
+        """The rightmost run of `num_window_blocks` cached blocks ending at or
+        before `num_blocks` (or a run from block 0), with the sinks in front."""
+        need, stride, null = self.spec.num_window_blocks, self.stride, self.null_block
         if need == 0:
-            return sinks + [null] * (num_blocks - len(sinks)) if num_blocks > len(sinks) \
-                else sinks[:num_blocks]
+            return sinks + [null] * (num_blocks - len(sinks))
         get = self.pool.cached[self.group_id].get
-        run: list[Block] = []  # cached blocks ending at the current end, rightmost first
+        run: list[Block] = []  # cached blocks ending at `end`, rightmost first
         end = num_blocks
         for i in range(num_blocks - 1, -1, -1):
-            block = get(hashes[i])
+            block = get(block_hashes[(i + 1) * stride - 1])
             if block is None:
                 run.clear()
                 end = i
                 continue
             run.append(block)
-            if len(run) == need or i == 0:
+            if len(run) == need:
                 break
-        if not run or (len(run) < need and end - len(run) != 0):
-            return []
         start = end - len(run)
+        if not run or (len(run) < need and start != 0):
+            return []
         run.reverse()
         head = sinks[:start] + [null] * (start - min(start, len(sinks)))
         return head + run

@@ -1,0 +1,129 @@
+"""End-to-end engine benchmark on a shared-document workload.
+
+Every request is one shared document (2,048 tokens by default) plus a unique
+32-token question, and generates 16 tokens. Measured on CPU for one preset:
+
+- TTFT miss: a request whose document is not cached;
+- TTFT hit: a request whose document is cached (only the question is new);
+- suffix alone: the same engine computing a 32-token prompt with no context,
+  the yardstick the hit should approach;
+- requests/s with prefix caching on and off (same engine settings), and the
+  Hugging Face model's own `generate` (one request at a time, its own cache).
+
+    python benchmarks/bench_engine.py --preset gemma3-tiny
+    python benchmarks/bench_engine.py --preset jamba-tiny --num-requests 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+from hybridkv import LLM, SamplingParams
+from hybridkv.models.presets import build_preset_model
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def make_workload(num_requests: int, doc_len: int, question_len: int, vocab: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    doc = torch.randint(3, vocab, (doc_len,), generator=g).tolist()
+    questions = [torch.randint(3, vocab, (question_len,), generator=g).tolist()
+                 for _ in range(num_requests)]
+    return doc, questions
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def ttft(model, doc, questions, args) -> dict:
+    """Median time to the first token: miss, hit, and the suffix alone."""
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+    miss, hit, alone = [], [], []
+    for i in range(args.repeats):
+        llm = LLM(model, block_size=args.block_size, max_num_batched_tokens=args.chunk)
+        warm = LLM(model, block_size=args.block_size, max_num_batched_tokens=args.chunk)
+        warm.generate([questions[0]], one)  # warm up kernels and allocator
+        alone.append(timed(lambda: warm.generate([questions[i % len(questions)]], one)))
+        miss.append(timed(lambda: llm.generate([doc + questions[0]], one)))
+        hit.append(timed(lambda: llm.generate([doc + questions[1 + i % 8]], one)))
+    return {"ttft_miss_s": statistics.median(miss), "ttft_hit_s": statistics.median(hit),
+            "suffix_alone_s": statistics.median(alone),
+            "hit_over_suffix": statistics.median(hit) / statistics.median(alone)}
+
+
+def throughput(model, doc, questions, args) -> dict:
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
+    prompts = [doc + q for q in questions]
+    out = {}
+    for caching in (True, False):
+        llm = LLM(model, enable_prefix_caching=caching, block_size=args.block_size,
+                  max_num_batched_tokens=args.chunk, max_num_seqs=args.max_num_seqs)
+        seconds = timed(lambda: llm.generate(prompts, params))
+        out["on" if caching else "off"] = {"requests_per_s": len(prompts) / seconds,
+                                           "hit_rate": llm.stats.prefix_hit_rate}
+    hf_n = min(args.hf_requests, len(prompts))
+    seconds = timed(lambda: [model.generate(torch.tensor([p]), max_new_tokens=args.output_len,
+                                            min_new_tokens=args.output_len, do_sample=False)
+                             for p in prompts[:hf_n]])
+    out["hf_generate"] = {"requests_per_s": hf_n / seconds}
+    out["on_over_off"] = out["on"]["requests_per_s"] / out["off"]["requests_per_s"]
+    out["on_over_hf"] = out["on"]["requests_per_s"] / out["hf_generate"]["requests_per_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="gemma3-tiny")
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--doc-len", type=int, default=2048)
+    ap.add_argument("--question-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=16)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--chunk", type=int, default=4096, help="max tokens per step")
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--hf-requests", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    model = build_preset_model(args.preset, seed=args.seed)
+    doc, questions = make_workload(args.num_requests, args.doc_len, args.question_len,
+                                   model.config.vocab_size, args.seed)
+    result = {"preset": args.preset, "config": vars(args), "machine": machine()}
+    result["ttft"] = ttft(model, doc, questions, args)
+    print(json.dumps(result["ttft"]), flush=True)
+    result["throughput"] = throughput(model, doc, questions, args)
+    print(json.dumps(result["throughput"]), flush=True)
+    path = args.json_out or os.path.join(RESULTS, f"engine_{args.preset}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {path}")
+    return result
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
+            "python": sys.version.split()[0], "torch": torch.__version__}
+
+
+if __name__ == "__main__":
+    main()
