@@ -19,17 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import sys
 import time
 
 import torch
+from common import write_result
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.models.presets import build_preset_model
-
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def make_workload(num_requests: int, doc_len: int, question_len: int, vocab: int, seed: int):
@@ -40,9 +37,10 @@ def make_workload(num_requests: int, doc_len: int, question_len: int, vocab: int
     return doc, questions
 
 
-def timed(fn) -> float:
+def timed_generate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> float:
+    """Seconds one generate call takes."""
     t0 = time.perf_counter()
-    fn()
+    llm.generate(prompts, params)
     return time.perf_counter() - t0
 
 
@@ -54,9 +52,9 @@ def ttft(model, doc, questions, args) -> dict:
         llm = LLM(model, block_size=args.block_size, max_num_batched_tokens=args.chunk)
         warm = LLM(model, block_size=args.block_size, max_num_batched_tokens=args.chunk)
         warm.generate([questions[0]], one)  # warm up kernels and allocator
-        alone.append(timed(lambda: warm.generate([questions[i % len(questions)]], one)))
-        miss.append(timed(lambda: llm.generate([doc + questions[0]], one)))
-        hit.append(timed(lambda: llm.generate([doc + questions[1 + i % 8]], one)))
+        alone.append(timed_generate(warm, [questions[i % len(questions)]], one))
+        miss.append(timed_generate(llm, [doc + questions[0]], one))
+        hit.append(timed_generate(llm, [doc + questions[1 + i % 8]], one))
     return {"ttft_miss_s": statistics.median(miss), "ttft_hit_s": statistics.median(hit),
             "suffix_alone_s": statistics.median(alone),
             "hit_over_suffix": statistics.median(hit) / statistics.median(alone)}
@@ -69,13 +67,15 @@ def throughput(model, doc, questions, args) -> dict:
     for caching in (True, False):
         llm = LLM(model, enable_prefix_caching=caching, block_size=args.block_size,
                   max_num_batched_tokens=args.chunk, max_num_seqs=args.max_num_seqs)
-        seconds = timed(lambda: llm.generate(prompts, params))
+        seconds = timed_generate(llm, prompts, params)
         out["on" if caching else "off"] = {"requests_per_s": len(prompts) / seconds,
                                            "hit_rate": llm.stats.prefix_hit_rate}
     hf_n = min(args.hf_requests, len(prompts))
-    seconds = timed(lambda: [model.generate(torch.tensor([p]), max_new_tokens=args.output_len,
-                                            min_new_tokens=args.output_len, do_sample=False)
-                             for p in prompts[:hf_n]])
+    t0 = time.perf_counter()
+    for p in prompts[:hf_n]:
+        model.generate(torch.tensor([p]), max_new_tokens=args.output_len,
+                       min_new_tokens=args.output_len, do_sample=False)
+    seconds = time.perf_counter() - t0
     out["hf_generate"] = {"requests_per_s": hf_n / seconds}
     out["on_over_off"] = out["on"]["requests_per_s"] / out["off"]["requests_per_s"]
     out["on_over_hf"] = out["on"]["requests_per_s"] / out["hf_generate"]["requests_per_s"]
@@ -101,28 +101,13 @@ def main(argv: list[str] | None = None) -> dict:
     model = build_preset_model(args.preset, seed=args.seed)
     doc, questions = make_workload(args.num_requests, args.doc_len, args.question_len,
                                    model.config.vocab_size, args.seed)
-    result = {"preset": args.preset, "config": vars(args), "machine": machine()}
+    result = {"preset": args.preset, "config": vars(args), "torch": torch.__version__}
     result["ttft"] = ttft(model, doc, questions, args)
     print(json.dumps(result["ttft"]), flush=True)
     result["throughput"] = throughput(model, doc, questions, args)
     print(json.dumps(result["throughput"]), flush=True)
-    path = args.json_out or os.path.join(RESULTS, f"engine_{args.preset}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {path}")
+    print("wrote", write_result(f"engine_{args.preset}", result, args.json_out))
     return result
-
-
-def machine() -> dict:
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
-            "python": sys.version.split()[0], "torch": torch.__version__}
 
 
 if __name__ == "__main__":
