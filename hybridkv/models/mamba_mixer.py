@@ -131,7 +131,7 @@ def _run_decode(cache: torch.Tensor, batch: MambaBatch, decode: DecodeFn) -> tor
     cache[torch.tensor(batch.live_blocks, device=device)] = state.to(cache.dtype)
     for s, ckpts in enumerate(batch.checkpoints):
         for k, block_id in ckpts:
-            pass
+            cache[block_id] = (start if k == 0 else state)[s].to(cache.dtype)
     return out
 
 
@@ -232,8 +232,9 @@ class HybridRunner(ModelRunner):
 
     Subclasses give `layer_kinds` (one of ATTENTION, MAMBA, FFN per decoder
     layer), `build_mamba_layer`, `embed`, `final_norm` and `hybrid_layer`.
-    `attn_layers` lists the attention layers only (`"layers.{i}.attn"`);
-    `mamba_layers` maps decoder index -> `MambaLayer` (`"layers.{i}.mamba"`).
+    `kinds` holds those kinds; `attn_layers` lists the attention layers only
+    (`"layers.{i}.attn"`); `mamba_layers` maps decoder index -> `MambaLayer`
+    (`"layers.{i}.mamba"`).
     Attention layers have no positional encoding unless a subclass adds one.
     """
 

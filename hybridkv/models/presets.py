@@ -48,7 +48,7 @@ class Preset:
 
 
 _PRESETS = (
-    Preset("gemma3-tiny", "gemma3_text", 512,
+    Preset("gemma3-tiny", "gemma3_text", 4096,
            "Gemma 3 style: 3 sliding (W=32) + 1 global layer, q/k norm, local/global rope",
            {"num_hidden_layers": 4, "intermediate_size": 128, "sliding_window": 32,
             "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
@@ -86,13 +86,13 @@ _PRESETS = (
             "rope_parameters": {"rope_type": "yarn", "rope_theta": 150_000.0, "factor": 8.0,
                                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                 "original_max_position_embeddings": 64}}),
-    Preset("jamba-tiny", "jamba", 1024,
+    Preset("jamba-tiny", "jamba", 4096,
            "Jamba: 3 Mamba-1 layers + 1 attention layer (no rope), MoE (4 experts) every 2nd",
            {"num_hidden_layers": 4, "intermediate_size": 128, "attn_layer_period": 4,
             "attn_layer_offset": 2, "expert_layer_period": 2, "expert_layer_offset": 1,
             "num_experts": 4, "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
             "mamba_expand": 2, "mamba_dt_rank": 8}),
-    Preset("nemotron-h-tiny", "nemotron_h", 1024,
+    Preset("nemotron-h-tiny", "nemotron_h", 4096,
            "NemotronH: Mamba-2 / MoE / attention (no rope) / Mamba-2 / MLP layers",
            {"layers_block_type": ["linear_attention", "moe", "full_attention",
                                   "linear_attention", "mlp"],

@@ -8,6 +8,7 @@ prompt alone.
 
 import pytest
 import torch
+from engine_helpers import smallest_pool
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.models.presets import build_preset_model
@@ -28,15 +29,6 @@ def hf_greedy(model, prompt, n=MAX_TOKENS):
     out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
                          do_sample=False)
     return out[0, len(prompt):].tolist()
-
-
-def smallest_pool(model, num_tokens, chunk):
-    """An engine whose pool barely fits one request of `num_tokens` tokens."""
-    for num_blocks in range(4, 200):
-        llm = LLM(model, block_size=8, num_blocks=num_blocks, max_num_batched_tokens=chunk)
-        if llm.kv.can_fit(num_tokens, chunk):
-            return llm
-    raise AssertionError("no pool size fits")
 
 
 @pytest.fixture(scope="module", params=PRESETS)

@@ -17,6 +17,7 @@ from hybrid_harness import (
 from paged_harness import PagedCache, build_model, hf_generate
 
 from hybridkv.core.specs import FullAttentionSpec, MambaSpec
+from hybridkv.kernels.attention import AttentionBatch
 from hybridkv.models import load_model
 from hybridkv.models.jamba import JambaRunner
 from hybridkv.models.mamba_batch import MambaBatch
@@ -84,19 +85,14 @@ def test_unsupported_activation_refused():
         load_model(build_model("jamba-tiny", hidden_act="gelu"))
 
 
-def _one_step_inputs(runner, cache: HybridCache, num_tokens: int):
-    ids = torch.tensor(random_tokens(num_tokens))
-    attn = cache.runner.attn_layers[0].name
-    return ids, torch.arange(num_tokens), attn
-
-
 def test_bad_mamba_batch_refused(jamba):
     _, runner = jamba
     cache = HybridCache(runner)
-    out = cache.step({"a": random_tokens(5)})
-    assert out["a"].shape == (5, runner.vocab_size)
+    assert cache.step({"a": random_tokens(5)})["a"].shape == (5, runner.vocab_size)
     ids, positions = torch.tensor(random_tokens(3)), torch.arange(3)
-    attn_batch = cache._attention_batch([(cache.seqs["a"], 0, 3, [])], torch.arange(3))
+    attn_batch = AttentionBatch(torch.tensor([0, 3], dtype=torch.int32),
+                                torch.tensor([3], dtype=torch.int32),
+                                torch.tensor([[1]], dtype=torch.int32), torch.arange(4, 7))
     attn = {layer.name: attn_batch for layer in runner.attn_layers}
     good = dict(query_start_loc=[0, 3], live_blocks=[5], source_blocks=[None],
                 has_initial_state=[False], checkpoints=[[(2, 7)]])

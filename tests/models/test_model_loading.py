@@ -17,6 +17,7 @@ from hybridkv.models import (
     supported_model_types,
 )
 from hybridkv.models import registry as registry_module
+from hybridkv.models.presets import get_preset
 
 EXPECTED_PRESETS = {"gemma3-tiny", "gemma2-tiny", "qwen2-tiny", "mistral-tiny", "llama4-tiny",
                     "gpt-oss-tiny"}
@@ -34,7 +35,7 @@ def test_load_preset(preset):
     assert isinstance(runner, get_runner_class(runner.model_type))
     assert not runner.model.training
     assert runner.dtype == torch.float32
-    assert runner.max_model_len == 512
+    assert runner.max_model_len == get_preset(preset).max_model_len
     assert runner.vocab_size == 512
     assert runner.eos_token_ids == (2,)
     hidden = runner.model.config.hidden_size
