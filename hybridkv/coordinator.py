@@ -41,8 +41,11 @@ class HybridCoordinator:
     # ---- the hybrid algorithm ------------------------------------------------
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
-                               max_length: int) -> tuple[GroupBlocks, int]:
+                               max_length: int) -> tuple[GroupBlocks, int, int]:
         """Blocks of every group for the longest length all groups can reuse.
+
+        Returns (blocks per group, that length, the length the full-attention
+        groups alone matched: where this prompt diverges from the cache).
 
         The answer is the largest L <= `max_length`, multiple of the alignment,
         that every group accepts. Each group shrinks L to its own longest
@@ -63,6 +66,7 @@ class HybridCoordinator:
             hit = self.managers[i].find_longest_cache_hit(block_hashes, length)
             hits[i] = hit
             length = min(length, len(hit) * self.managers[i].block_size) // align * align
+        matched = length
         others = self._other_ids
         settled = not others
         while not settled and length > 0:
@@ -73,7 +77,7 @@ class HybridCoordinator:
                 hits[i] = hit
                 if found < length:
                     length, settled = found, False
-        return self._trim(hits, length), length
+        return self._trim(hits, length), length, matched
 
     def _trim(self, hits: dict[int, list[Block]], length: int) -> GroupBlocks:
         out = []

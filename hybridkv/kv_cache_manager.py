@@ -97,8 +97,9 @@ class KVCacheManager:
         if not self.enable_caching:
             return self._no_blocks, 0
         hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
-        blocks, num_tokens = self.coordinator.find_longest_cache_hit(
+        blocks, num_tokens, matched = self.coordinator.find_longest_cache_hit(
             hashes, request.num_tokens - 1)
+        request.num_shared_prefix_tokens = matched
         stats = self._stats
         stats.requests += 1
         stats.queries += request.num_tokens

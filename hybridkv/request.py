@@ -23,7 +23,7 @@ class Request:
 
     __slots__ = ("request_id", "prompt_token_ids", "all_token_ids", "num_computed_tokens",
                  "cache_salt", "lora_name", "mm_hashes", "max_tokens", "hasher",
-                 "num_prompt_tokens")
+                 "num_prompt_tokens", "num_shared_prefix_tokens")
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *,
                  cache_salt: str | bytes | None = None, lora_name: str | None = None,
@@ -54,6 +54,9 @@ class Request:
         self.mm_hashes = check_mm_items(mm_hashes)
         self.max_tokens = max_tokens
         self.hasher: BlockHasher | None = None
+        # how far the prompt matched cached full-attention blocks at its last lookup:
+        # a junction where other requests diverge (a retention hint)
+        self.num_shared_prefix_tokens = 0
 
     @property
     def num_tokens(self) -> int:

@@ -26,17 +26,27 @@ from hybridkv.core.events import (
 )
 from hybridkv.core.eviction import EvictionPolicy, make_eviction_policy
 
+# Block.value_hint: no likely future hit needs the block / no opinion / a hit at a
+# junction (where requests sharing a prefix diverge) needs it
+LOW_VALUE, NORMAL_VALUE, JUNCTION = -1, 0, 1
+
 
 class Block:
     """One block record. `block_hash`/`group_id` are set while it caches data."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "group_id", "__weakref__")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "group_id", "num_hits", "value_hint",
+                 "__weakref__")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: bytes | None = None
         self.group_id = -1
+        # eviction hints: prefix hits on the data since it was stored, and how the group
+        # that released it rates its reuse (LOW_VALUE, NORMAL_VALUE or JUNCTION); policies
+        # may use or ignore them
+        self.num_hits = 0
+        self.value_hint = NORMAL_VALUE
 
     def __repr__(self) -> str:
         h = self.block_hash.hex()[:8] if self.block_hash else None
@@ -98,6 +108,8 @@ class BlockPool:
                 self._drop_hash(block)
                 self.num_evictions += 1
             block.ref_cnt = 1
+            block.num_hits = 0
+            block.value_hint = NORMAL_VALUE
         return blocks
 
     def touch(self, blocks: Iterable[Block]) -> None:
@@ -113,6 +125,7 @@ class BlockPool:
             if block.ref_cnt == 0:
                 remove(block)
             block.ref_cnt += 1
+            block.num_hits += 1
 
     def free_blocks(self, blocks: Iterable[Block]) -> None:
         """Drop one reference on each block, given in the order to evict them.

@@ -105,6 +105,7 @@ class LRUPolicy(EvictionPolicy):
 
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRUPolicy}
+DEFAULT_EVICTION_POLICY = "lru"
 
 
 def register_eviction_policy(name: str, policy_class: type[EvictionPolicy]) -> None:
@@ -115,6 +116,8 @@ def register_eviction_policy(name: str, policy_class: type[EvictionPolicy]) -> N
 
 
 def make_eviction_policy(name: str, blocks: Iterable[Block]) -> EvictionPolicy:
+    from hybridkv.core import hybrid_eviction  # noqa: F401  registers "hybrid"
+
     """The policy registered as `name`, holding `blocks` as free; ValueError if unknown."""
     if name not in EVICTION_POLICIES:
         raise ValueError(f"eviction_policy: unknown policy {name!r}; "

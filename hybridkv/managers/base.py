@@ -143,6 +143,7 @@ class SingleTypeManager(ABC):
             return
         null = self.null_block
         released = [b for b in blocks[start:end] if b is not null]
+        self.rate_released(request, blocks, start, end)
         blocks[start:end] = [null] * (end - start)
         self.num_skipped[rid] = end
         released.reverse()
@@ -189,11 +190,33 @@ class SingleTypeManager(ABC):
     def free(self, request: Request) -> None:
         """Return all the request's blocks, tail first. Idempotent."""
         rid = request.request_id
-        blocks = self.req_to_blocks.pop(rid, None)
+        blocks = self.req_to_blocks.get(rid)
+        if blocks:
+            self.rate_released(request, blocks, 0, len(blocks))
+        self.req_to_blocks.pop(rid, None)
         self.num_cached_blocks.pop(rid, None)
         self.num_skipped.pop(rid, None)
         if blocks:
             self.pool.free_blocks(reversed(blocks))
+
+    # ---- retention hints -------------------------------------------------------
+
+    def rate_released(self, request: Request, blocks: list[Block], start: int,  # noqa: B027
+                      end: int) -> None:
+        """Rate blocks `start:end` about to be released (`Block.value_hint`), so
+        retention-aware eviction drops dead weight first and keeps junctions.
+
+        Likely hits stop at anchors: where the request's prompt matched the
+        cache (`request.num_shared_prefix_tokens`, a junction other requests
+        diverge at), its prompt end, and its end when it finishes. Full
+        attention needs every block before an anchor, so it rates nothing.
+        """
+
+    @staticmethod
+    def anchors(request: Request) -> tuple[int, int, int]:
+        """Token counts at which later requests most likely stop matching this one."""
+        return (request.num_shared_prefix_tokens, request.num_prompt_tokens,
+                request.num_computed_tokens)
 
     # ---- fast path -----------------------------------------------------------
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from hybridkv.core.block_pool import Block
+from hybridkv.core.block_pool import JUNCTION, LOW_VALUE, Block
 from hybridkv.core.specs import MambaSpec
 from hybridkv.managers.base import SingleTypeManager
 from hybridkv.request import Request
@@ -35,6 +35,9 @@ class MambaManager(SingleTypeManager):
 
     spec_class = MambaSpec
     spec: MambaSpec
+    # states every `prime_interval` boundaries are kept as fallbacks for hits that
+    # stop between anchors; the rest are flagged low value when released
+    prime_interval = 16
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
                                max_length: int) -> list[Block]:
@@ -106,6 +109,20 @@ class MambaManager(SingleTypeManager):
             return 0, 0
         # one more token past the live block's span moves the live block
         return len(blocks) * self.block_size - 1, self.max_quiet_computed(request)
+
+    def rate_released(self, request: Request, blocks: list[Block], start: int,
+                      end: int) -> None:
+        bs, grid, null = self.block_size, self.prime_interval, self.null_block
+        junction = request.num_shared_prefix_tokens // bs
+        ends = {a // bs for a in self.anchors(request)}
+        for i in range(start, min(end, len(blocks) - 1)):  # the live block caches nothing
+            block = blocks[i]
+            if block is null:
+                continue
+            if i + 1 == junction:
+                block.value_hint = JUNCTION
+            elif i + 1 not in ends and (i + 1) % grid:
+                block.value_hint = LOW_VALUE
 
     def max_quiet_computed(self, request: Request) -> int:
         # c // B <= start  <=>  c <= (start + 1) * B - 1

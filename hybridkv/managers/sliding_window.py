@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hybridkv.core.block_pool import Block, BlockPool
+from hybridkv.core.block_pool import JUNCTION, LOW_VALUE, Block, BlockPool
 from hybridkv.core.specs import SlidingWindowSpec
 from hybridkv.managers.base import SingleTypeManager
 from hybridkv.request import Request
@@ -71,6 +71,23 @@ class SlidingWindowManager(SingleTypeManager):
     def num_skipped_blocks(self, request: Request, num_computed_tokens: int) -> int:
         first_needed = num_computed_tokens - self.spec.sliding_window + 1
         return max(first_needed, 0) // self.block_size
+
+    # rate blocks outside every anchor's window as low value when released
+    rate_low_value = True
+
+    def rate_released(self, request: Request, blocks: list[Block], start: int,
+                      end: int) -> None:
+        bs, need, null = self.block_size, self.spec.num_window_blocks, self.null_block
+        junction = request.num_shared_prefix_tokens // bs
+        ends = {a // bs for a in self.anchors(request)}
+        for i in range(start, end):
+            block = blocks[i]
+            if block is null:
+                continue
+            if junction - need <= i < junction:
+                block.value_hint = JUNCTION
+            elif self.rate_low_value and not any(e - need <= i < e for e in ends):
+                block.value_hint = LOW_VALUE
 
     def max_quiet_computed(self, request: Request) -> int:
         # (c - W + 1) // B <= start  <=>  c <= (start + 1) * B + W - 2

@@ -18,8 +18,10 @@ from hybridkv.testing.conformance import (
 )
 from hybridkv.testing.oracles import (
     BUILTIN_ORACLES,
+    DecodeBound,
     HybridExpectation,
     Oracle,
+    SpecSource,
     cached_positions,
     chunked_local_is_reusable,
     decode_block_bound,
@@ -31,18 +33,22 @@ from hybridkv.testing.oracles import (
     mamba_is_reusable,
     oracle_for,
     random_spec,
+    reach_tokens,
+    replay_block_events,
     required_positions,
     sink_full_is_reusable,
     sliding_window_is_reusable,
     snapshot_diff,
+    spec_factory,
     state_snapshot,
 )
 
 __all__ = [
-    "BUILTIN_ORACLES", "ConformanceError", "ConformanceReport", "HybridExpectation", "Oracle",
-    "cached_positions", "chunked_local_is_reusable", "decode_block_bound", "expected_hit",
-    "full_is_reusable", "hybrid_expectation", "hybrid_longest_reusable", "longest_reusable",
-    "mamba_is_reusable", "oracle_for", "random_spec", "required_positions",
+    "BUILTIN_ORACLES", "ConformanceError", "ConformanceReport", "DecodeBound",
+    "HybridExpectation", "Oracle", "SpecSource", "cached_positions", "chunked_local_is_reusable",
+    "decode_block_bound", "expected_hit", "full_is_reusable", "hybrid_expectation",
+    "hybrid_longest_reusable", "longest_reusable", "mamba_is_reusable", "oracle_for",
+    "random_spec", "reach_tokens", "replay_block_events", "required_positions",
     "run_conformance", "run_hybrid_conformance", "sink_full_is_reusable",
-    "sliding_window_is_reusable", "snapshot_diff", "state_snapshot",
+    "sliding_window_is_reusable", "snapshot_diff", "spec_factory", "state_snapshot",
 ]

@@ -4,14 +4,18 @@ Each case runs real requests through a `KVCacheManager` on a small pool
 (prefix-sharing prompts, chunked prefill, short and long decodes, requests
 left running, refusals when the pool runs dry), drops random cached blocks of
 ONE group with `evict_blocks` so the groups disagree, then queries with a
-request sharing a random-length prefix. It checks (a) hits: the longest length
-every group's oracle accepts, brute force over the cached positions read from
-the pool's hash map, exactly the required cached blocks (null elsewhere), each
-holding the query's prefix as recorded when it was written; also each group's
-own search at a random limit; (b) `check_integrity()` and ref counts = the
-running requests' lists after every step; (c) a refused `allocate_slots`
-changes nothing; (d) decoding requests hold at most `decode_block_bound` blocks.
+request sharing a random-length prefix. Checks: (a) a hit is the longest
+length every group's oracle accepts (brute force over the positions cached in
+the pool's hash map), exactly the required cached blocks, null elsewhere, each
+holding the query's prefix as recorded when written; each group's own search
+at a random limit too; (b) after every step `check_integrity()`, ref counts =
+the running requests' lists, completed blocks reusable, events replaying to
+the map; (c) a refused `allocate_slots` changes nothing; (d) a decoding
+request holds at most `decode_block_bound` blocks.
 
+>>> from hybridkv import SlidingWindowSpec
+>>> from hybridkv.managers import SlidingWindowManager
+>>> from hybridkv.testing import run_conformance, sliding_window_is_reusable
 >>> run_conformance(SlidingWindowSpec, SlidingWindowManager, sliding_window_is_reusable,
 ...                 num_cases=20).assert_ok()
 """
@@ -21,23 +25,21 @@ from __future__ import annotations
 import math
 import random
 import traceback
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from unittest.mock import patch
 
 from hybridkv.core import specs as sp
 from hybridkv.core.block_pool import Block
+from hybridkv.core.eviction import make_eviction_policy
 from hybridkv.core.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
 from hybridkv.core.specs import KVCacheSpec
 from hybridkv.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from hybridkv.managers import SPEC_TO_MANAGER, SingleTypeManager
 from hybridkv.request import Request
 from hybridkv.testing import oracles as ref
-from hybridkv.testing.oracles import Oracle, snapshot_diff, state_snapshot
+from hybridkv.testing.oracles import DecodeBound, Oracle, SpecSource, snapshot_diff, state_snapshot
 
-SpecSource = KVCacheSpec | type[KVCacheSpec] | Callable[[random.Random], KVCacheSpec]
-DecodeBound = Callable[[KVCacheSpec, int], "int | None"]
 VOCAB, MAX_FAILURES = 997, 50
 
 
@@ -86,7 +88,8 @@ class _Case:
     """One manager, a few rounds of requests, evictions and checked queries."""
 
     def __init__(self, specs: Sequence[KVCacheSpec], oracles: Sequence[Oracle],
-                 bound: DecodeBound, rng: random.Random, report: ConformanceReport) -> None:
+                 bound: DecodeBound, rng: random.Random, report: ConformanceReport,
+                 eviction_policy: str) -> None:
         self.specs, self.oracles, self.bound = list(specs), list(oracles), bound
         self.rng, self.report = rng, report
         sizes = [s.block_size for s in specs]
@@ -100,16 +103,18 @@ class _Case:
         low, high = rng.choice(((1, 2), (2, 4), (2, 4), (3, 6)))  # tight, normal or roomy
         num_blocks = rng.randint(max(sinks + 2, base * low // 3), base * high // 3)
         groups = [KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)]
-        self.kv = KVCacheManager(KVCacheConfig(num_blocks, groups))
+        self.kv = KVCacheManager(KVCacheConfig(num_blocks, groups),
+                                 eviction_policy=eviction_policy)
         self.sink_ids = {i for m in self.kv.coordinator.managers
                          for i in getattr(m, "sink_block_ids", ())}
         self.events: list[object] = []
         self.kv.subscribe(self.events.append)
+        self.mirror: list[dict[bytes, int]] = [{} for _ in specs]  # the map the events tell
         self.live: dict[str, Request] = {}  # requests holding blocks
         self.histories: list[list[int]] = []  # tokens of ended requests, to share prefixes of
         self.content: dict[int, tuple[int, bytes]] = {}  # block id -> (group, prefix hash)
         self.expected_stats = [0, 0]  # tokens queried, tokens hit
-        self.num_requests = 0
+        self.num_requests = self.num_replayed = 0
 
     def run(self) -> None:
         for _ in range(self.rng.randint(3, 6)):
@@ -119,9 +124,7 @@ class _Case:
             if self.rng.random() < 0.15:
                 self.try_reset()
         for req in list(self.live.values()):
-            self.release(req)
-        _check(self.kv.num_free_blocks == self.kv.pool.num_blocks - 1 - len(self.sink_ids),
-               f"{self.kv.num_free_blocks} blocks free after every request ended")
+            self.release(req)  # then every block but the sinks must be free
 
     # ---- requests ------------------------------------------------------------
 
@@ -195,6 +198,9 @@ class _Case:
         for g, ids in enumerate(new_blocks.get_block_ids()):
             _check(free.issuperset(ids) and set(ids) <= set(now[g]),
                    f"group {g}: new blocks {ids} were not free or are not the request's {now}")
+        adopted = hit.get_block_ids() if hit is not None and num_hit else ()
+        _check(all(now[g][:len(ids)] == ids for g, ids in enumerate(adopted)),
+               f"{req.request_id} holds {now}, not the hit {adopted} it adopted")
         req.num_computed_tokens = start + num_new
         self.after_step(req, start, decode)
         return True
@@ -218,8 +224,9 @@ class _Case:
                 _check(ids[-1] != null and kv.pool.blocks[ids[-1]].block_hash is None,
                        f"group {g}: live state block missing or cached in {ids}")
             for p in range(start // bs, end // bs):  # blocks completed by this step
-                if ids[p] != null:
-                    self.content[ids[p]] = (g, hashes[(p + 1) * stride - 1])
+                if ids[p] != null:  # what it holds; reusable now
+                    self.content[ids[p]] = key = (g, hashes[(p + 1) * stride - 1])
+                    _check(key[1] in kv.pool.cached[g], f"group {g}: full {ids[p]} not cached")
             limit, held = self.bound(spec, end) if decode else None, len(ids) - ids.count(null)
             _check(limit is None or held <= limit,
                    f"group {g} ({spec}): decoding at {end} tokens holds {held} blocks "
@@ -301,17 +308,9 @@ class _Case:
         """(b): facade integrity, ref counts = holders, cached data = hash, stats."""
         kv = self.kv
         kv.check_integrity()
-        pool, null = kv.pool, kv.null_block_id
-        holders: Counter[int] = Counter(self.sink_ids)
-        for rid in self.live:
-            for ids in kv.get_block_ids(rid):
-                _check(not self.sink_ids.intersection(ids), f"{rid} lists a sink block {ids}")
-                holders.update(i for i in ids if i != null)
-        wrong = [b for b in pool.blocks[1:] if b.ref_cnt != holders[b.block_id]]
-        _check(not wrong, f"ref counts differ from the running requests' lists: {wrong[:4]}")
-        free = {b.block_id for b in pool.free_queue}
-        _check(free == {b.block_id for b in pool.blocks[1:] if not holders[b.block_id]}
-               and kv.num_free_blocks == len(free), "free queue != blocks nobody holds")
+        pool = kv.pool
+        problem = ref.holder_problem(kv, self.live, self.sink_ids)
+        _check(problem is None, f"{problem}")
         for g, table in enumerate(pool.cached):
             for block_hash, block in table.items():
                 _check(self.content.get(block.block_id) == (g, block_hash),
@@ -319,6 +318,10 @@ class _Case:
         stats = kv.prefix_cache_stats
         _check([stats.queries, stats.hits] == self.expected_stats,
                f"stats {stats} != expected queries/hits {self.expected_stats}")
+        self.mirror = ref.replay_block_events(self.mirror, self.events[self.num_replayed:])
+        self.num_replayed = len(self.events)
+        _check(self.mirror == [{h: b.block_id for h, b in t.items()} for t in pool.cached],
+               "the block events do not replay to the pool's hash map")
 
 
 # ---- entry points ------------------------------------------------------------
@@ -327,9 +330,10 @@ class _Case:
 def _run_cases(name: str, make_specs: Callable[[random.Random], Sequence[KVCacheSpec]],
                oracles: Callable[[KVCacheSpec], Oracle], bound: DecodeBound,
                manager_class: type[SingleTypeManager] | None, num_cases: int, seed: int,
-               first_case: int) -> ConformanceReport:
+               first_case: int, eviction_policy: str) -> ConformanceReport:
     if isinstance(num_cases, bool) or not isinstance(num_cases, int) or num_cases < 1:
         raise ValueError(f"num_cases must be an int >= 1, got {num_cases!r}")
+    make_eviction_policy(eviction_policy, [])  # ValueError for an unknown name
     report = ConformanceReport(name)
     for case in range(first_case, first_case + num_cases):
         rng = random.Random(f"{seed}:{case}")
@@ -339,7 +343,8 @@ def _run_cases(name: str, make_specs: Callable[[random.Random], Sequence[KVCache
         try:
             override = {type(specs[0]): manager_class} if manager_class else {}
             with patch.dict(SPEC_TO_MANAGER, override):  # restores the registry after
-                _Case(specs, [oracles(s) for s in specs], bound, rng, report).run()
+                _Case(specs, [oracles(s) for s in specs], bound, rng, report,
+                      eviction_policy).run()
         except Exception as e:  # a failed case is reported, the others still run
             report.num_failed_cases += 1
             where = traceback.extract_tb(e.__traceback__)[-1]
@@ -351,33 +356,28 @@ def _run_cases(name: str, make_specs: Callable[[random.Random], Sequence[KVCache
     return report
 
 
-def _spec_factory(source: SpecSource) -> Callable[[random.Random], KVCacheSpec]:
-    if isinstance(source, type) and issubclass(source, KVCacheSpec):
-        return lambda rng: ref.random_spec(source, rng)
-    return source if callable(source) else lambda rng: source  # type: ignore[return-value]
-
-
 def run_conformance(spec_source: SpecSource, manager_class: type[SingleTypeManager],
                     is_reusable: Oracle, *, num_cases: int = 200, seed: int = 0,
                     decode_bound: DecodeBound = ref.decode_block_bound,
-                    first_case: int = 0) -> ConformanceReport:
+                    first_case: int = 0, eviction_policy: str = "lru") -> ConformanceReport:
     """Check `manager_class` against `is_reusable` on one group, over random states.
 
     `spec_source` is a spec, a built-in spec class (random small specs of it)
     or `factory(rng) -> spec`. `is_reusable(length, cached_positions, spec)`
     is the rule of the type. `decode_bound(spec, num_tokens)` caps the blocks
     a decoding request holds (None: unchecked). Case k uses its own seed, so
-    `first_case=k, num_cases=1` replays it. Never raises for a failed check:
-    see `report.failures` or call `report.assert_ok()`.
+    `first_case=k, num_cases=1` replays it. The pool evicts by `eviction_policy`
+    (the checks hold for any policy). Never raises for a failed check: see
+    `report.failures` or call `report.assert_ok()`.
     """
     if not (isinstance(manager_class, type) and issubclass(manager_class, SingleTypeManager)):
         raise ValueError(f"manager_class must subclass SingleTypeManager, got {manager_class!r}")
     if not callable(is_reusable):
         raise ValueError(f"is_reusable must be callable, got {is_reusable!r}")
-    factory = _spec_factory(spec_source)
+    factory = ref.spec_factory(spec_source)
     return _run_cases(manager_class.__name__, lambda rng: [factory(rng)],
                       lambda spec: is_reusable, decode_bound, manager_class, num_cases, seed,
-                      first_case)
+                      first_case, eviction_policy)
 
 
 def run_hybrid_conformance(specs: Sequence[KVCacheSpec]
@@ -385,15 +385,16 @@ def run_hybrid_conformance(specs: Sequence[KVCacheSpec]
                            oracles: Mapping[type[KVCacheSpec], Oracle] | None = None,
                            num_cases: int = 200, seed: int = 0,
                            decode_bound: DecodeBound = ref.decode_block_bound,
-                           first_case: int = 0, name: str | None = None) -> ConformanceReport:
+                           first_case: int = 0, name: str | None = None,
+                           eviction_policy: str = "lru") -> ConformanceReport:
     """Check the registered managers and the coordinator on a group mix.
 
     `specs` is one spec per group, or `factory(rng) -> specs`. Each group's
     oracle comes from `oracles` (by spec class), else the built-ins; the
     expected hit is the largest L <= num_tokens - 1, multiple of every block
-    size, that every group's oracle accepts.
+    size, that every group's oracle accepts. Other arguments as `run_conformance`.
     """
     make_specs = specs if callable(specs) else (lambda rng, fixed=list(specs): fixed)
     label = name or "+".join(type(s).__name__ for s in make_specs(random.Random(seed)))
     return _run_cases(label, make_specs, lambda spec: ref.oracle_for(spec, oracles), decode_bound,
-                      None, num_cases, seed, first_case)
+                      None, num_cases, seed, first_case, eviction_policy)

@@ -1,12 +1,14 @@
-"""Reference reuse rules: brute-force answers to "what may a cache hit reuse?".
+"""Reference answers: what a cache hit may reuse, and what must hold around it.
 
 An oracle is `is_reusable(length, cached_positions, spec) -> bool`: is a hit
 of `length` tokens reusable by one group when exactly the block positions in
 `cached_positions` (block p holds tokens [p*B, (p+1)*B)) are cached? The
-built-in oracles restate the rules of API.md from the spec's raw fields and
-share no code with the managers. Everything else here is brute force on top
-of an oracle: the longest reusable length, the hybrid answer, and the exact
-blocks a hit must return.
+built-in oracles restate the documented reuse rules from the spec's raw
+fields and share no code with the managers. On top of an oracle, by brute
+force: the longest reusable length, the hybrid answer and the exact blocks a
+hit must return. Also the blocks a decoding request may hold, the hash map
+the block events describe, and a snapshot of everything a refused
+allocation must leave as it was.
 
 >>> spec = SlidingWindowSpec(4, sliding_window=8)
 >>> sliding_window_is_reusable(16, {2, 3}, spec)
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
 from hybridkv.core.block_pool import Block, BlockPool
+from hybridkv.core.events import AllBlocksCleared, BlockRemoved, BlockStored
 from hybridkv.core.specs import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -36,6 +40,8 @@ from hybridkv.kv_cache_manager import KVCacheManager
 from hybridkv.request import Request
 
 Oracle = Callable[[int, AbstractSet[int], KVCacheSpec], bool]
+DecodeBound = Callable[[KVCacheSpec, int], "int | None"]
+SpecSource = KVCacheSpec | type[KVCacheSpec] | Callable[[random.Random], KVCacheSpec]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -221,7 +227,8 @@ def decode_block_bound(spec: KVCacheSpec, num_tokens: int) -> int | None:
 
 
 def reach_tokens(spec: KVCacheSpec) -> int:
-    """Tokens a request passes before a group of this spec may release a block."""
+    """How far a request must decode to be far past what the spec keeps visible:
+    window + sinks, the chunk, or two blocks for the other types."""
     if isinstance(spec, SlidingWindowSpec):
         return spec.sliding_window + spec.num_sink_tokens
     if isinstance(spec, ChunkedLocalAttentionSpec):
@@ -250,7 +257,62 @@ def random_spec(spec_class: type[KVCacheSpec], rng: random.Random,
                      f"`factory(rng) -> spec` instead")
 
 
-# ---- the state a refused allocation must keep ----------------------------------
+def spec_factory(source: SpecSource) -> Callable[[random.Random], KVCacheSpec]:
+    """`factory(rng) -> spec` from a spec (always it), a built-in spec class
+    (`random_spec` of it) or a factory (itself)."""
+    if isinstance(source, type) and issubclass(source, KVCacheSpec):
+        return lambda rng: random_spec(source, rng)
+    return source if callable(source) else lambda rng: source  # type: ignore[return-value]
+
+
+def replay_block_events(tables: Sequence[Mapping[bytes, int]],
+                        events: Iterable[object]) -> list[dict[bytes, int]]:
+    """The (block hash -> block id) map per group that `events` leave, starting
+    from `tables`. Raises ValueError for a removal of an entry never stored."""
+    out = [dict(t) for t in tables]
+    for event in events:
+        if isinstance(event, AllBlocksCleared):
+            out = [{} for _ in out]
+        elif isinstance(event, BlockStored):
+            out[event.group_id][event.block_hash] = event.block_id
+        elif isinstance(event, BlockRemoved) and \
+                out[event.group_id].pop(event.block_hash, None) != event.block_id:
+            raise ValueError(f"{event} removes an entry that was not stored")
+    return out
+
+
+# ---- who holds what; the state a refused allocation must keep ------------------
+
+
+def holder_problem(kv: KVCacheManager, request_ids: Iterable[str],
+                   sink_ids: AbstractSet[int] = frozenset()) -> str | None:
+    """What is wrong with the pool's holders, or None.
+
+    Holders are the block lists of the running `request_ids` plus one for each
+    shared sink block (listed by no request). Every ref count must equal its
+    holders, the free queue must be exactly the blocks nobody holds, and a
+    block shared by requests must sit at one (group, position) in all of them.
+    """
+    pool, null = kv.pool, kv.null_block_id
+    holders: Counter[int] = Counter(sink_ids)
+    where: dict[int, tuple[int, int]] = {}
+    for rid in request_ids:
+        for g, ids in enumerate(kv.get_block_ids(rid)):
+            for p, block_id in enumerate(ids):
+                if block_id == null:
+                    continue
+                holders[block_id] += 1
+                if where.setdefault(block_id, (g, p)) != (g, p) or block_id in sink_ids:
+                    return (f"{rid} lists block {block_id} at (group, position) {(g, p)}; "
+                            f"it is at {where[block_id]} or a sink")
+    wrong = [b for b in pool.blocks[1:] if b.ref_cnt != holders[b.block_id]]
+    if wrong:
+        return f"ref counts differ from the running requests' lists: {wrong[:4]}"
+    free = {b.block_id for b in pool.free_queue}
+    if free != {b.block_id for b in pool.blocks[1:] if not holders[b.block_id]} \
+            or kv.num_free_blocks != len(free):
+        return f"the free queue {sorted(free)} is not the blocks nobody holds"
+    return None
 
 
 def state_snapshot(kv: KVCacheManager) -> dict[str, Any]:

@@ -100,6 +100,10 @@ def test_longest_reusable_by_hand(spec, cached, max_length, want):
     assert longest_reusable(oracle_for(spec), spec, cached, max_length) == want
 
 
+ORACLE_OF = {FullAttentionSpec: full_is_reusable, SlidingWindowSpec: sliding_window_is_reusable,
+             ChunkedLocalAttentionSpec: chunked_local_is_reusable, MambaSpec: mamba_is_reusable,
+             SinkFullAttentionSpec: sink_full_is_reusable}
+
 CONFIGS = [
     (FullAttentionSpec(1), FullAttentionManager),
     (FullAttentionSpec(4), FullAttentionManager),
@@ -142,17 +146,11 @@ def config_id(value):
 
 @pytest.mark.parametrize("spec, manager_class", CONFIGS, ids=config_id)
 def test_builtin_manager_conforms(spec, manager_class):
-    spec_class = spec if isinstance(spec, type) else type(spec)
-    report = run_conformance(spec, manager_class, oracle_for_class(spec_class), num_cases=30)
+    oracle = ORACLE_OF[spec if isinstance(spec, type) else type(spec)]
+    report = run_conformance(spec, manager_class, oracle, num_cases=30)
     report.assert_ok()
     assert report.num_cases == 30
     assert report.num_hits > 0 and report.num_refusals > 0 and report.num_decode_steps > 0
-
-
-def oracle_for_class(spec_class):
-    return {FullAttentionSpec: full_is_reusable, SlidingWindowSpec: sliding_window_is_reusable,
-            ChunkedLocalAttentionSpec: chunked_local_is_reusable, MambaSpec: mamba_is_reusable,
-            SinkFullAttentionSpec: sink_full_is_reusable}[spec_class]
 
 
 # ---- broken managers the kit must catch ----------------------------------------

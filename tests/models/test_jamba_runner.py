@@ -21,6 +21,7 @@ from hybridkv.kernels.attention import AttentionBatch
 from hybridkv.models import load_model
 from hybridkv.models.jamba import JambaRunner
 from hybridkv.models.mamba_batch import MambaBatch
+from hybridkv.models.presets import get_preset
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -57,7 +58,8 @@ def test_layout(jamba):
 
 def test_preset_loads_by_name():
     runner = load_model("jamba-tiny")
-    assert isinstance(runner, JambaRunner) and runner.max_model_len == 1024
+    assert isinstance(runner, JambaRunner)
+    assert runner.max_model_len == get_preset("jamba-tiny").max_model_len
 
 
 def test_hf_generate_agrees(jamba):

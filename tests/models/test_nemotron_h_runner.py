@@ -15,6 +15,7 @@ from paged_harness import build_model, hf_generate
 from hybridkv.core.specs import FullAttentionSpec, MambaSpec
 from hybridkv.models import load_model
 from hybridkv.models.nemotron_h import NemotronHRunner
+from hybridkv.models.presets import get_preset
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -51,7 +52,8 @@ def test_layout(nemotron):
 
 def test_preset_loads_by_name():
     runner = load_model("nemotron-h-tiny")
-    assert isinstance(runner, NemotronHRunner) and runner.max_model_len == 1024
+    assert isinstance(runner, NemotronHRunner)
+    assert runner.max_model_len == get_preset("nemotron-h-tiny").max_model_len
 
 
 def test_hf_generate_agrees(nemotron):

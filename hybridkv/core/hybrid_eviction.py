@@ -1,0 +1,123 @@
+"""`hybrid`: retention-aware eviction for hybrid prefix caches.
+
+Free blocks sit in tiers; a block is taken from the lowest non-empty tier:
+
+0. blocks holding no cached data;
+1. cached blocks their group rated low value when it released them
+   (`Block.value_hint`: a sliding-window block outside every window a likely
+   hit needs, a Mamba state at a boundary no likely hit stops at);
+2. cached blocks never hit since they were stored, the most recently
+   released request first (tail first within it). Data nobody reused yet
+   goes before data that proved useful, and under cyclic access (round-robin
+   sessions larger than the pool) the oldest sessions stay whole instead of
+   each one being evicted just before its turn, as under LRU;
+3. cached blocks hit once, least recently used first;
+4. cached blocks hit twice or more, least recently used first.
+
+A block its group rated a junction (the window or state a hit needs where
+requests sharing a prefix diverge) counts as hit once more: the full
+prefix before it was just reused, and it completes that reusable unit.
+
+Aging: each block taken for new data from tiers 0-2 moves the least
+recently used block of tier 4 down to tier 3 and that of tier 3 to the back
+of tier 2, so data that stops being hit drifts down and new popular data
+can take its place. A hit takes a block out of the queue; on release it
+re-enters by its hit count.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from hybridkv.core.eviction import EVICTION_POLICIES, EvictionPolicy
+
+if TYPE_CHECKING:
+    from hybridkv.core.block_pool import Block
+
+EMPTY, LOW_VALUE, FRESH, HIT_ONCE, HIT_OFTEN = range(5)
+
+
+def tier_of(block: Block) -> int:
+    """The tier a block joins when its last holder releases it."""
+    if block.block_hash is None:
+        return EMPTY
+    hint = block.value_hint
+    if hint < 0:
+        return LOW_VALUE
+    return FRESH + min(block.num_hits + hint, 2)
+
+
+class HybridPolicy(EvictionPolicy):
+    """Tiered free queue: empty, low value, fresh (newest first), hit once, hit often."""
+
+    def __init__(self, blocks: Iterable[Block] = ()) -> None:
+        self._tiers: list[OrderedDict[Block, None]] = [OrderedDict() for _ in range(5)]
+        self._tier_of: dict[Block, int] = {}
+        for block in blocks:
+            self._tiers[EMPTY][block] = None
+            self._tier_of[block] = EMPTY
+
+    def __len__(self) -> int:
+        return len(self._tier_of)
+
+    def __iter__(self) -> Iterator[Block]:
+        for tier in self._tiers:
+            yield from tier
+
+    def __contains__(self, block: Block) -> bool:
+        return block in self._tier_of
+
+    def add_free(self, blocks: Iterable[Block]) -> None:
+        fresh = []
+        tiers, where = self._tiers, self._tier_of
+        for block in blocks:
+            t = tier_of(block)
+            where[block] = t
+            if t == FRESH:
+                fresh.append(block)
+                continue
+            tiers[t][block] = None
+            if t == EMPTY:
+                tiers[t].move_to_end(block, last=False)
+        queue = tiers[FRESH]
+        for block in reversed(fresh):  # the whole release goes first, its tail first
+            queue[block] = None
+            queue.move_to_end(block, last=False)
+
+    def remove(self, block: Block) -> None:
+        del self._tiers[self._tier_of.pop(block)][block]
+
+    def take(self, num_blocks: int) -> list[Block]:
+        out: list[Block] = []
+        where = self._tier_of
+        for t, tier in enumerate(self._tiers):
+            while tier and len(out) < num_blocks:
+                block = tier.popitem(last=False)[0]
+                del where[block]
+                out.append(block)
+                if t <= FRESH:
+                    self._age()
+            if len(out) == num_blocks:
+                break
+        return out
+
+    def _age(self) -> None:
+        """Move the least recently used block of each hit tier one tier down."""
+        tiers, where = self._tiers, self._tier_of
+        for t in (HIT_ONCE, HIT_OFTEN):
+            if tiers[t]:
+                block = tiers[t].popitem(last=False)[0]
+                tiers[t - 1][block] = None  # the back of the tier below: taken last there
+                where[block] = t - 1
+
+    def uncache(self, block: Block) -> None:
+        t = self._tier_of[block]
+        del self._tiers[t][block]
+        self._tiers[EMPTY][block] = None
+        self._tiers[EMPTY].move_to_end(block, last=False)
+        self._tier_of[block] = EMPTY
+
+
+EVICTION_POLICIES["hybrid"] = HybridPolicy
