@@ -36,6 +36,9 @@ class HybridCoordinator:
         ]
         # full attention first: any prefix of its hit is a hit, so it is looked up once
         self._full_ids = [i for i, m in enumerate(self.managers) if m.downward_closed]
+        # per group, the length its own search found at the last lookup's first pass
+        # (for stats: what that group alone could reuse up to the full-attention match)
+        self.group_first_pass = [0] * len(self.managers)
         self._other_ids = [i for i, m in enumerate(self.managers) if not m.downward_closed]
 
     # ---- the hybrid algorithm ------------------------------------------------
@@ -62,12 +65,16 @@ class HybridCoordinator:
         align = self.alignment
         length = max_length // align * align
         hits: dict[int, list[Block]] = {}
+        first_pass = self.group_first_pass
         for i in self._full_ids:  # looked up once, trimmed at the end
             hit = self.managers[i].find_longest_cache_hit(block_hashes, length)
             hits[i] = hit
-            length = min(length, len(hit) * self.managers[i].block_size) // align * align
+            first_pass[i] = len(hit) * self.managers[i].block_size
+            length = min(length, first_pass[i]) // align * align
         matched = length
         others = self._other_ids
+        for i in others:
+            first_pass[i] = -1
         settled = not others
         while not settled and length > 0:
             settled = True
@@ -75,8 +82,13 @@ class HybridCoordinator:
                 hit = self.managers[i].find_longest_cache_hit(block_hashes, length)
                 found = len(hit) * self.managers[i].block_size // align * align
                 hits[i] = hit
+                if first_pass[i] < 0:
+                    first_pass[i] = len(hit) * self.managers[i].block_size
                 if found < length:
                     length, settled = found, False
+        for i in others:
+            if first_pass[i] < 0:  # not searched: the full-attention match was 0
+                first_pass[i] = 0
         return self._trim(hits, length), length, matched
 
     def _trim(self, hits: dict[int, list[Block]], length: int) -> GroupBlocks:

@@ -8,8 +8,9 @@ None when the pool can't supply them, and only then changes anything.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hybridkv.coordinator import GroupBlocks, HybridCoordinator
 from hybridkv.core.block_pool import BlockPool
@@ -17,6 +18,9 @@ from hybridkv.core.events import EventSubscriber
 from hybridkv.core.hashing import check_hash_algo
 from hybridkv.core.kv_cache_config import KVCacheConfig
 from hybridkv.request import Request
+
+# lookups of one prompt start that found nothing before a warning is issued
+REPEATED_MISS_WARNING = 3
 
 
 class KVCacheBlocks:
@@ -39,12 +43,23 @@ class PrefixCacheStats:
     """Cumulative counters; reading them resets nothing.
 
     `queries` and `hits` count tokens (prompt tokens looked up, tokens
-    reused); `requests` counts lookups.
+    reused); `requests` counts lookups. Per group: `group_hits[g]`, the
+    tokens group g alone could have reused (up to the full-attention match);
+    `group_evictions[g]`, cached blocks of g recycled for new data.
+    `stranded_tokens`: tokens whose full-attention blocks were cached but
+    unusable because another group (a window, a Mamba state) was missing.
     """
 
     requests: int = 0
     queries: int = 0
     hits: int = 0
+    stranded_tokens: int = 0
+    evictions: int = 0
+    group_hits: list[int] = field(default_factory=list)
+    group_evictions: list[int] = field(default_factory=list)
+
+    def group_hit_rate(self, group_id: int) -> float:
+        return self.group_hits[group_id] / self.queries if self.queries else 0.0
 
     @property
     def hit_rate(self) -> float:
@@ -80,11 +95,13 @@ class KVCacheManager:
         self.coordinator = HybridCoordinator(kv_cache_config, self.pool, self.enable_caching)
         self.hash_block_size = self.coordinator.hash_block_size
         self.num_groups = len(kv_cache_config.kv_cache_groups)
-        self._stats = PrefixCacheStats()
+        self._stats = PrefixCacheStats(group_hits=[0] * self.num_groups)
         # requests holding blocks -> (request, max tokens, max computed tokens) that an
         # allocation can reach without changing anything (the fast path's limits)
         self._requests: dict[str, tuple[Request, int, int]] = {}
         self._no_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
+        self._missed_prefixes: dict[bytes, int] = {}
+        self._warned = False
 
     # ---- lookups -------------------------------------------------------------
 
@@ -104,7 +121,27 @@ class KVCacheManager:
         stats.requests += 1
         stats.queries += request.num_tokens
         stats.hits += num_tokens
+        stats.stranded_tokens += matched - num_tokens
+        for g, n in enumerate(self.coordinator.group_first_pass):
+            stats.group_hits[g] += n
+        if num_tokens == 0 and hashes and not self._warned:
+            self._note_repeated_miss(hashes[0])
         return KVCacheBlocks(blocks), num_tokens
+
+    def _note_repeated_miss(self, first_hash: bytes) -> None:
+        """Warn once when the same prompt start keeps missing: reuse is being lost."""
+        misses = self._missed_prefixes
+        count = misses.get(first_hash, 0) + 1
+        if len(misses) >= 4096 and first_hash not in misses:
+            misses.clear()
+        misses[first_hash] = count
+        if count >= REPEATED_MISS_WARNING:
+            self._warned = True
+            warnings.warn(
+                f"prefix caching: a prompt prefix was looked up {count} times and found "
+                f"nothing reusable each time; the pool ({self.pool.num_blocks} blocks) may be "
+                f"too small for the working set, or blocks are evicted before reuse (see "
+                f"prefix_cache_stats: evictions, stranded_tokens)", RuntimeWarning, stacklevel=3)
 
     # ---- allocation ----------------------------------------------------------
 
@@ -213,6 +250,11 @@ class KVCacheManager:
         usable = self.pool.num_blocks - 1 - self.pool.num_pinned
         return self.coordinator.max_blocks_held(num_tokens, max(chunk, 1)) <= usable
 
+    def on_stale_blocks(self, callback) -> None:
+        """Debug hook: `callback(block_ids)` when blocks stop holding valid data
+        (taken for new data, or freed with nothing cached)."""
+        self.pool.on_stale_blocks(callback)
+
     def subscribe(self, callback: EventSubscriber) -> None:
         """Receive BlockStored / BlockRemoved / AllBlocksCleared events."""
         self.pool.subscribe(callback)
@@ -231,7 +273,10 @@ class KVCacheManager:
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
-        return self._stats
+        stats = self._stats
+        stats.evictions = self.pool.num_evictions
+        stats.group_evictions = list(self.pool.group_evictions)
+        return stats
 
     @property
     def num_evictions(self) -> int:

@@ -190,3 +190,30 @@ def test_mamba_hit_is_a_block_boundary_state():
     full_ids, mamba_ids = blocks.get_block_ids()
     assert len(full_ids) == 2 and mamba_ids[0] == 0 and mamba_ids[1] != 0
     assert isinstance(blocks, KVCacheBlocks)
+
+
+def test_per_group_stats_and_stranded_tokens():
+    groups = [KVCacheGroupSpec(["f"], FullAttentionSpec(4)),
+              KVCacheGroupSpec(["s"], SlidingWindowSpec(4, sliding_window=5))]
+    mgr = KVCacheManager(KVCacheConfig(32, groups))
+    a = Request("a", list(range(17)))
+    mgr.allocate_slots(a, 17)
+    a.num_computed_tokens = 17
+    mgr.free(a)
+    # evict the window block before 16 (block 3 of the sliding group): the hit falls back to 12
+    window_block = mgr.pool.get_cached_block(a.block_hashes("sha256", 4)[3], 1)
+    mgr.evict_blocks([window_block.block_id])
+    b = Request("b", list(range(17)) + [50])
+    _, n = mgr.get_computed_blocks(b)
+    stats = mgr.prefix_cache_stats
+    assert n == 12
+    assert stats.group_hits == [16, 12] and stats.stranded_tokens == 4
+    assert stats.evictions == 0 and stats.group_evictions == [0, 0]
+
+
+def test_warns_once_when_a_repeated_prefix_never_hits():
+    mgr = make_manager(num_blocks=8)
+    with pytest.warns(RuntimeWarning, match="found nothing reusable"):
+        for i in range(3):
+            req = Request(f"r{i}", list(range(8)))
+            mgr.get_computed_blocks(req)  # never allocated: never cached

@@ -15,7 +15,7 @@ map only when it is taken for new data.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from hybridkv.core.events import (
     AllBlocksCleared,
@@ -74,7 +74,9 @@ class BlockPool:
         self.cached: list[dict[bytes, Block]] = [{} for _ in range(num_groups)]
         self.num_pinned = 0
         self.num_evictions = 0
+        self.group_evictions = [0] * num_groups
         self._subscribers: list[EventSubscriber] = []
+        self._stale_listeners: list[Callable[[list[int]], None]] = []
 
     # ---- queries -------------------------------------------------------------
 
@@ -105,11 +107,14 @@ class BlockPool:
         blocks = self.free_queue.take(num_blocks)
         for block in blocks:
             if block.block_hash is not None:
+                self.group_evictions[block.group_id] += 1
                 self._drop_hash(block)
                 self.num_evictions += 1
             block.ref_cnt = 1
             block.num_hits = 0
             block.value_hint = NORMAL_VALUE
+        if self._stale_listeners:
+            self._notify_stale(blocks)
         return blocks
 
     def touch(self, blocks: Iterable[Block]) -> None:
@@ -143,6 +148,8 @@ class BlockPool:
                 freed.append(block)
         if freed:
             self.free_queue.add_free(freed)
+            if self._stale_listeners:
+                self._notify_stale([b for b in freed if b.block_hash is None])
 
     def cache_block(self, block: Block, block_hash: bytes, group_id: int) -> bool:
         """Make `block` findable by (`group_id`, `block_hash`).
@@ -210,6 +217,21 @@ class BlockPool:
     def subscribe(self, callback: EventSubscriber) -> None:
         """Call `callback(event)` for every BlockStored/BlockRemoved/AllBlocksCleared."""
         self._subscribers.append(callback)
+
+    def on_stale_blocks(self, callback: Callable[[list[int]], None]) -> None:
+        """Call `callback(block_ids)` whenever blocks stop holding valid data: when
+        they are taken for new data and when they are freed with nothing cached.
+
+        A debug aid: an engine can poison those pages (e.g. fill them with NaN)
+        so that a read of stale or unwritten KV shows up in the output.
+        """
+        self._stale_listeners.append(callback)
+
+    def _notify_stale(self, blocks: list[Block]) -> None:
+        if blocks:
+            ids = [b.block_id for b in blocks]
+            for callback in self._stale_listeners:
+                callback(ids)
 
     def _emit(self, event: BlockEvent) -> None:
         for callback in self._subscribers:

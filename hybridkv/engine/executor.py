@@ -30,8 +30,10 @@ class ModelExecutor:
         runner: a `hybridkv.models` runner (forward over flattened batches).
         config: the KV cache layout (from `KVCacheConfig.from_layer_specs`).
         device: where tensors live.
-        poison: fill memory with NaN at start-up, so a read of a block that
-            was never written shows up as NaN in the output.
+        poison: fill memory with NaN at start-up, and every block with NaN
+            again whenever it stops holding valid data (call `poison_blocks`
+            from the manager's `on_stale_blocks` hook), so a read of stale or
+            unwritten KV shows up as NaN in the output.
     """
 
     def __init__(self, runner, config: KVCacheConfig, device: str | torch.device = "cpu",
@@ -45,6 +47,14 @@ class ModelExecutor:
         runner.bind_kv_cache(self.kv_views)
         self.groups = [(i, g.kv_cache_spec, g.layer_names)
                        for i, g in enumerate(config.kv_cache_groups)]
+
+    def poison_blocks(self, block_ids: list[int]) -> None:
+        """Fill these blocks with NaN in every layer (see `poison` above)."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        for tensors in self.kv_views.values():
+            for t in tensors:
+                if t.is_floating_point():
+                    t.index_fill_(0, index, float("nan"))
 
     def _zero_mamba_states(self) -> None:
         for group in self.config.kv_cache_groups:

@@ -64,6 +64,8 @@ class LLM:
         self.scheduler = Scheduler(self.kv, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens)
         self.executor = ModelExecutor(self.runner, self.config, device, poison=poison_kv_cache)
+        if poison_kv_cache:
+            self.kv.on_stale_blocks(self.executor.poison_blocks)
         self.sampler = Sampler(seed)
         self.tokenizer = _load_tokenizer(model)
         self._counter = 0

@@ -59,7 +59,8 @@ class SchedulerStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     max_running: int = 0
-    usage_trace: list[float] = field(default_factory=list)
+    usage_trace: list[float] = field(default_factory=list)  # pool usage after each schedule
+    tokens_trace: list[int] = field(default_factory=list)  # tokens of the scheduled sequences
 
 
 class Scheduler:
@@ -107,6 +108,7 @@ class Scheduler:
         self.stats.scheduled_tokens += self.max_num_batched_tokens - budget
         self.stats.max_running = max(self.stats.max_running, len(self.running))
         self.stats.usage_trace.append(self.kv.usage)
+        self.stats.tokens_trace.append(sum(item.num_computed + item.num_new for item in batch))
         return batch
 
     def _admit(self, batch: list[ScheduledSeq], budget: int) -> int:
