@@ -73,14 +73,28 @@ def test_from_layer_specs_groups_equal_specs_and_shares_tensors():
     swa = SlidingWindowSpec(16, num_kv_heads=2, head_size=8, sliding_window=64)
     layers = {"l0": swa, "l1": swa, "l2": full, "l3": swa, "l4": swa, "l5": full}
     page = full.page_size_bytes
-    cfg = KVCacheConfig.from_layer_specs(layers, 4 * page * 100 + 5)
-    assert [g.layer_names for g in cfg.kv_cache_groups] == [["l0", "l1", "l3", "l4"], ["l2", "l5"]]
-    assert cfg.num_tensors == 4 and cfg.page_size_bytes == page
+    cfg = KVCacheConfig.from_layer_specs(layers, 2 * page * 100 + 5)
+    # four sliding layers split into two groups of two: no group is padded
+    assert [g.layer_names for g in cfg.kv_cache_groups] == [["l0", "l1"], ["l3", "l4"],
+                                                             ["l2", "l5"]]
+    assert cfg.num_tensors == 2 and cfg.page_size_bytes == page
     assert cfg.num_blocks == 100
-    # the full group is padded by two layers' pages per block
-    assert cfg.padding_bytes_per_block == 2 * page
+    assert cfg.padding_bytes_per_block == (0, 0, 0)
     assert cfg.layer_to_tensor["l2"] == 0 and cfg.layer_to_tensor["l5"] == 1
-    assert cfg.layer_to_tensor["l4"] == 3
+    assert cfg.layer_to_tensor["l4"] == 1
+
+
+def test_uneven_layer_counts_are_split_with_little_padding():
+    full = FullAttentionSpec(16, num_kv_heads=2, head_size=8)
+    swa = SlidingWindowSpec(16, num_kv_heads=2, head_size=8, sliding_window=64)
+    layers = {f"s{i}": swa for i in range(52)} | {f"f{i}": full for i in range(10)}
+    cfg = KVCacheConfig.from_layer_specs(layers, 1 << 30)
+    sizes = [len(g.layer_names) for g in cfg.kv_cache_groups]
+    assert sorted(sizes[:6]) == [8, 8, 9, 9, 9, 9] and sizes[6] == 10 and cfg.num_tensors == 10
+    names = [n for g in cfg.kv_cache_groups for n in g.layer_names]
+    assert sorted(names) == sorted(layers)  # every layer in exactly one group
+    page = full.page_size_bytes
+    assert cfg.padding_bytes_per_block == tuple(page * (10 - n) for n in sizes)
 
 
 def test_attention_block_sizes_scale_to_one_page():
@@ -98,7 +112,7 @@ def test_mamba_pages_padded_or_attention_scaled_up():
     cfg = KVCacheConfig.from_layer_specs({"a": attn, "m": mamba}, 1024 * 8)
     specs = {g.layer_names[0]: g.kv_cache_spec for g in cfg.kv_cache_groups}
     assert specs["m"].page_size_bytes == 1024 and specs["a"].block_size == 16
-    assert cfg.padding_bytes_per_block == 624
+    assert cfg.padding_bytes_per_block == (0, 624)
     big_state = MambaSpec(16, shapes=((30, 30),), dtype="float32")  # 3600 B -> 4 x 1024
     cfg = KVCacheConfig.from_layer_specs({"a": attn, "m": big_state}, 4096 * 8)
     specs = {g.layer_names[0]: g.kv_cache_spec for g in cfg.kv_cache_groups}
