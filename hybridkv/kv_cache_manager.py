@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from hybridkv.coordinator import GroupBlocks, HybridCoordinator
 from hybridkv.core.block_pool import BlockPool
 from hybridkv.core.events import EventSubscriber
+from hybridkv.core.eviction import DEFAULT_EVICTION_POLICY
 from hybridkv.core.hashing import check_hash_algo
 from hybridkv.core.kv_cache_config import KVCacheConfig
 from hybridkv.request import Request
@@ -79,11 +80,14 @@ class KVCacheManager:
         kv_cache_config: the groups and the pool size.
         enable_caching: reuse blocks across requests (prefix caching).
         hash_algo: "sha256" (default) or "xxhash".
-        eviction_policy: a registered policy name ("lru" always exists).
+        eviction_policy: a registered policy name: "hybrid" (default,
+            retention-aware, see hybridkv.core.hybrid_eviction) or "lru"
+            (exactly the LRU order of API.md).
     """
 
     def __init__(self, kv_cache_config: KVCacheConfig, *, enable_caching: bool = True,
-                 hash_algo: str = "sha256", eviction_policy: str = "lru") -> None:
+                 hash_algo: str = "sha256",
+                 eviction_policy: str = DEFAULT_EVICTION_POLICY) -> None:
         if not isinstance(kv_cache_config, KVCacheConfig):
             raise ValueError(f"kv_cache_config must be a KVCacheConfig, "
                              f"got {type(kv_cache_config).__name__}")
@@ -111,6 +115,8 @@ class KVCacheManager:
         Never more than `num_tokens - 1`; a multiple of every group's block
         size; 0 when caching is off. Changes nothing but the stats.
         """
+        if not isinstance(request, Request):
+            raise ValueError(f"request must be a Request, got {type(request).__name__}")
         if not self.enable_caching:
             return self._no_blocks, 0
         hashes = request.block_hashes(self.hash_algo, self.hash_block_size)

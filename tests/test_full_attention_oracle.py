@@ -77,7 +77,8 @@ def run_workload(seed, block_size=4, num_blocks=40):
     rng = random.Random(seed)
     docs = [[rng.randrange(50) for _ in range(40)] for _ in range(3)]
     spec = FullAttentionSpec(block_size)
-    mgr = KVCacheManager(KVCacheConfig(num_blocks, [KVCacheGroupSpec(["l"], spec)]))
+    mgr = KVCacheManager(KVCacheConfig(num_blocks, [KVCacheGroupSpec(["l"], spec)]),
+                         eviction_policy="lru")
     model = LRUModel(num_blocks, block_size)
     running = {}
     for step in range(80):

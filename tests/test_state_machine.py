@@ -40,11 +40,12 @@ PREFIXES = [[(7 * i + j) % 23 for j in range(48)] for i in range(3)]
 
 
 class ManagerMachine(RuleBasedStateMachine):
-    @initialize(config=st.sampled_from(sorted(CONFIGS)), num_blocks=st.integers(8, 40))
-    def setup(self, config, num_blocks):
+    @initialize(config=st.sampled_from(sorted(CONFIGS)), num_blocks=st.integers(8, 40),
+                policy=st.sampled_from(["lru", "hybrid"]))
+    def setup(self, config, num_blocks, policy):
         specs = CONFIGS[config]
         groups = [KVCacheGroupSpec([f"g{i}"], s) for i, s in enumerate(specs)]
-        self.mgr = KVCacheManager(KVCacheConfig(num_blocks, groups))
+        self.mgr = KVCacheManager(KVCacheConfig(num_blocks, groups), eviction_policy=policy)
         self.align = math.lcm(*(s.block_size for s in specs))
         self.waiting, self.running, self.counter = [], [], 0
 

@@ -35,7 +35,7 @@ class Block:
     """One block record. `block_hash`/`group_id` are set while it caches data."""
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "group_id", "num_hits", "value_hint",
-                 "__weakref__")
+                 "queue_slot", "__weakref__")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -47,6 +47,7 @@ class Block:
         # may use or ignore them
         self.num_hits = 0
         self.value_hint = NORMAL_VALUE
+        self.queue_slot = -1  # for the eviction policy's own use (e.g. a tier)
 
     def __repr__(self) -> str:
         h = self.block_hash.hex()[:8] if self.block_hash else None
@@ -160,7 +161,9 @@ class BlockPool:
         if block.block_hash is not None:
             return block.block_hash == block_hash and block.group_id == group_id
         table = self.cached[group_id]
-        if block_hash in table:
+        cached = table.get(block_hash)
+        if cached is not None:
+            self._note_recompute(cached)
             return False
         block.block_hash = block_hash
         block.group_id = group_id
@@ -168,6 +171,13 @@ class BlockPool:
         if self._subscribers:
             self._emit(BlockStored(block_hash, group_id, block.block_id))
         return True
+
+    def _note_recompute(self, block: Block) -> None:
+        """A request computed data this block already caches (its hit stopped
+        earlier, e.g. at a missing window): count it as a use of the block."""
+        block.num_hits += 1
+        if block.ref_cnt == 0:
+            self.free_queue.hint_changed(block)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> int:
         """Drop these blocks from the prefix cache; holders keep them.

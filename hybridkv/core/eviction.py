@@ -64,6 +64,12 @@ class EvictionPolicy(ABC):
     def uncache(self, block: Block) -> None:
         """A free block lost its cached data: it becomes the first to reuse."""
 
+    def hint_changed(self, block: Block) -> None:  # noqa: B027 - optional hook
+        """A free block's eviction hints (`num_hits`, `value_hint`) changed.
+
+        Policies that rank by hints re-rank it; LRU ignores hints.
+        """
+
 
 class LRUPolicy(EvictionPolicy):
     """Uncached blocks first, then least recently used; O(1) per operation.
@@ -105,7 +111,9 @@ class LRUPolicy(EvictionPolicy):
 
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRUPolicy}
-DEFAULT_EVICTION_POLICY = "lru"
+# the default: retention-aware tiers (hybridkv.core.hybrid_eviction); it keeps
+# far more reuse under memory pressure (round-robin sessions, hybrid groups)
+DEFAULT_EVICTION_POLICY = "hybrid"
 
 
 def register_eviction_policy(name: str, policy_class: type[EvictionPolicy]) -> None:

@@ -18,10 +18,11 @@ A block its group rated a junction (the window or state a hit needs where
 requests sharing a prefix diverge) counts as hit once more: the full
 prefix before it was just reused, and it completes that reusable unit.
 
-Aging: each block taken for new data from tiers 0-2 moves the least
-recently used block of tier 4 down to tier 3 and that of tier 3 to the back
-of tier 2, so data that stops being hit drifts down and new popular data
-can take its place. A hit takes a block out of the queue; on release it
+Aging: every AGE_EVERY blocks taken for new data from tiers 0-2 move the
+least recently used block of tier 4 down to tier 3 and that of tier 3 to
+the back of tier 2, so data that stops being hit drifts down and new popular
+data can take its place (slowly: a burst of new data must not wash out what
+is still being reused). A hit takes a block out of the queue; on release it
 re-enters by its hit count.
 """
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from hybridkv.core.block_pool import Block
 
 EMPTY, LOW_VALUE, FRESH, HIT_ONCE, HIT_OFTEN = range(5)
+AGE_EVERY = 8
 
 
 def tier_of(block: Block) -> int:
@@ -44,80 +46,95 @@ def tier_of(block: Block) -> int:
     if block.block_hash is None:
         return EMPTY
     hint = block.value_hint
-    if hint < 0:
-        return LOW_VALUE
+    if hint < 0:  # data that was hit proved its value whatever the hint says
+        return LOW_VALUE if block.num_hits == 0 else FRESH + min(block.num_hits, 2)
     return FRESH + min(block.num_hits + hint, 2)
 
 
 class HybridPolicy(EvictionPolicy):
-    """Tiered free queue: empty, low value, fresh (newest first), hit once, hit often."""
+    """Tiered free queue: empty, low value, fresh (newest first), hit once, hit often.
+
+    A free block's tier is kept in `Block.queue_slot` (-1 when not free).
+    """
 
     def __init__(self, blocks: Iterable[Block] = ()) -> None:
         self._tiers: list[OrderedDict[Block, None]] = [OrderedDict() for _ in range(5)]
-        self._tier_of: dict[Block, int] = {}
+        self._num_free = 0
+        self._num_taken = 0
         for block in blocks:
             self._tiers[EMPTY][block] = None
-            self._tier_of[block] = EMPTY
+            block.queue_slot = EMPTY
+            self._num_free += 1
 
     def __len__(self) -> int:
-        return len(self._tier_of)
+        return self._num_free
 
     def __iter__(self) -> Iterator[Block]:
         for tier in self._tiers:
             yield from tier
 
     def __contains__(self, block: Block) -> bool:
-        return block in self._tier_of
+        return block.queue_slot >= 0 and block in self._tiers[block.queue_slot]
 
     def add_free(self, blocks: Iterable[Block]) -> None:
         fresh = []
-        tiers, where = self._tiers, self._tier_of
+        tiers = self._tiers
         for block in blocks:
             t = tier_of(block)
-            where[block] = t
+            block.queue_slot = t
+            self._num_free += 1
             if t == FRESH:
                 fresh.append(block)
-                continue
-            tiers[t][block] = None
-            if t == EMPTY:
-                tiers[t].move_to_end(block, last=False)
+            elif t == EMPTY:
+                tiers[EMPTY][block] = None
+                tiers[EMPTY].move_to_end(block, last=False)
+            else:
+                tiers[t][block] = None
         queue = tiers[FRESH]
         for block in reversed(fresh):  # the whole release goes first, its tail first
             queue[block] = None
             queue.move_to_end(block, last=False)
 
     def remove(self, block: Block) -> None:
-        del self._tiers[self._tier_of.pop(block)][block]
+        del self._tiers[block.queue_slot][block]
+        block.queue_slot = -1
+        self._num_free -= 1
 
     def take(self, num_blocks: int) -> list[Block]:
         out: list[Block] = []
-        where = self._tier_of
         for t, tier in enumerate(self._tiers):
+            pop = tier.popitem
             while tier and len(out) < num_blocks:
-                block = tier.popitem(last=False)[0]
-                del where[block]
+                block = pop(last=False)[0]
+                block.queue_slot = -1
                 out.append(block)
                 if t <= FRESH:
-                    self._age()
+                    self._num_taken += 1
+                    if self._num_taken % AGE_EVERY == 0:
+                        self._age()
             if len(out) == num_blocks:
                 break
+        self._num_free -= len(out)
         return out
 
     def _age(self) -> None:
         """Move the least recently used block of each hit tier one tier down."""
-        tiers, where = self._tiers, self._tier_of
+        tiers = self._tiers
         for t in (HIT_ONCE, HIT_OFTEN):
             if tiers[t]:
                 block = tiers[t].popitem(last=False)[0]
                 tiers[t - 1][block] = None  # the back of the tier below: taken last there
-                where[block] = t - 1
+                block.queue_slot = t - 1
+
+    def hint_changed(self, block: Block) -> None:
+        self.remove(block)
+        self.add_free([block])
 
     def uncache(self, block: Block) -> None:
-        t = self._tier_of[block]
-        del self._tiers[t][block]
+        del self._tiers[block.queue_slot][block]
         self._tiers[EMPTY][block] = None
         self._tiers[EMPTY].move_to_end(block, last=False)
-        self._tier_of[block] = EMPTY
+        block.queue_slot = EMPTY
 
 
 EVICTION_POLICIES["hybrid"] = HybridPolicy

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from hybridkv.core.specs import AttentionSpec, KVCacheSpec, MambaSpec
 
+MAX_NUM_BLOCKS = 2**31 - 1  # block ids travel as int32 in block tables
+
 
 @dataclass(frozen=True)
 class KVCacheGroupSpec:
@@ -51,9 +53,10 @@ class KVCacheConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) \
-                or self.num_blocks < 2:
-            raise ValueError(f"KVCacheConfig.num_blocks must be an int >= 2 (the null block "
-                             f"plus one), got {self.num_blocks!r}")
+                or not 2 <= self.num_blocks <= MAX_NUM_BLOCKS:
+            raise ValueError(f"KVCacheConfig.num_blocks must be an int in [2, 2**31 - 1] (the "
+                             f"null block plus one; block tables hold int32 ids), "
+                             f"got {self.num_blocks!r}")
         if not self.kv_cache_groups:
             raise ValueError("KVCacheConfig.kv_cache_groups must not be empty")
         for group in self.kv_cache_groups:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,8 @@ from hybridkv.models.registry import load_model
 from hybridkv.request import Request
 
 DEFAULT_KV_CACHE_BYTES = 64 << 20
+# keys of a prompt given as a dict: the tokens (or text) and the keys of its cached blocks
+_PROMPT_KEYS = ("prompt_token_ids", "prompt", "cache_salt", "lora_name")
 
 
 @dataclass
@@ -53,12 +55,13 @@ class LLM:
                  num_blocks: int | None = None, kv_cache_memory_bytes: int | None = None,
                  device: str = "cpu", dtype: Any = None, seed: int = 0,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
-                 hash_algo: str = "sha256", eviction_policy: str = "lru",
+                 hash_algo: str = "sha256", eviction_policy: str = "hybrid",
                  poison_kv_cache: bool = False) -> None:
         self.runner = load_model(model, dtype=dtype, seed=seed)
         if device != "cpu":
             self.runner.model.to(device)
         self.config = self._kv_cache_config(block_size, num_blocks, kv_cache_memory_bytes)
+        _check_device_memory(self.config, device)
         self.kv = KVCacheManager(self.config, enable_caching=enable_prefix_caching,
                                  hash_algo=hash_algo, eviction_policy=eviction_policy)
         self.scheduler = Scheduler(self.kv, max_num_seqs=max_num_seqs,
@@ -76,7 +79,8 @@ class LLM:
             raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
         specs = self.runner.kv_cache_specs(block_size)
         if num_blocks is None:
-            return KVCacheConfig.from_layer_specs(specs, budget or DEFAULT_KV_CACHE_BYTES)
+            return KVCacheConfig.from_layer_specs(
+                specs, DEFAULT_KV_CACHE_BYTES if budget is None else budget)
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
             raise ValueError(f"num_blocks must be an int >= 2, got {num_blocks!r}")
         layout = KVCacheConfig.from_layer_specs(specs, 1 << 40)
@@ -84,14 +88,23 @@ class LLM:
 
     # ---- generation ----------------------------------------------------------
 
-    def generate(self, prompts: Sequence[Sequence[int] | str],
+    def generate(self, prompts: Sequence[Sequence[int] | str | Mapping[str, Any]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for every prompt; outputs in prompt order.
 
+        A prompt is a token-id list, a string (with a tokenizer), or a dict
+        `{"prompt_token_ids": [...] (or "prompt": text), "cache_salt": ...,
+        "lora_name": ...}`. `cache_salt` (str or bytes) keys the prompt's
+        first block, so only requests with the same salt share its cached KV
+        (one salt per tenant closes the prefix-cache timing side channel).
+        `lora_name` keys every block, so requests under different adapters
+        never share KV (the built-in runners load no adapter weights: it
+        changes only what is reused).
+
         Every prompt is validated first (ValueError naming the bad one, nothing
         scheduled): empty, token ids outside the vocabulary, longer than the
-        model's context, or too large for the whole pool.
+        model's context, too large for the whole pool, or malformed keys.
         """
         seqs = self._make_seqs(prompts, sampling_params)
         for seq in seqs:
@@ -157,12 +170,30 @@ class LLM:
             raise ValueError("prompts must be a non-empty list of token-id lists or strings")
         per_prompt = _per_prompt_params(params, len(prompts))
         seqs = []
-        for i, (prompt, p) in enumerate(zip(prompts, per_prompt)):
-            ids = self._token_ids(i, prompt)
+        parts = [self._prompt_parts(i, prompt) for i, prompt in enumerate(prompts)]
+        for i, ((ids, _), p) in enumerate(zip(parts, per_prompt)):
             self._check_fits(i, ids, p)
+        for i, ((ids, keys), p) in enumerate(zip(parts, per_prompt)):
             self._counter += 1
-            seqs.append(SeqState(Request(f"req-{self._counter}", ids), p, i))
+            seqs.append(SeqState(Request(f"req-{self._counter}", ids, **keys), p, i))
         return seqs
+
+    def _prompt_parts(self, i: int, prompt: Any) -> tuple[list[int], dict[str, Any]]:
+        """Token ids of prompt `i` and the cache keys a dict prompt carries."""
+        if not isinstance(prompt, Mapping):
+            return self._token_ids(i, prompt), {}
+        keys = sorted(map(str, prompt))
+        if set(keys) - set(_PROMPT_KEYS) or ("prompt_token_ids" in keys) == ("prompt" in keys):
+            raise ValueError(f"prompt {i}: a dict prompt takes one of prompt_token_ids / "
+                             f"prompt, and cache_salt, lora_name; got keys {keys}")
+        salt, lora = prompt.get("cache_salt"), prompt.get("lora_name")
+        if salt is not None and (not isinstance(salt, str | bytes) or not salt):
+            raise ValueError(f"prompt {i}: cache_salt must be a non-empty str or bytes, "
+                             f"got {salt!r}")
+        if lora is not None and (not isinstance(lora, str) or not lora):
+            raise ValueError(f"prompt {i}: lora_name must be a non-empty str, got {lora!r}")
+        text = prompt.get("prompt_token_ids", prompt.get("prompt"))
+        return self._token_ids(i, text), {"cache_salt": salt, "lora_name": lora}
 
     def _token_ids(self, i: int, prompt: Sequence[int] | str) -> list[int]:
         if isinstance(prompt, str):
@@ -199,6 +230,22 @@ class LLM:
                            cached_tokens=s.cached_tokens, steps=s.steps,
                            preemptions=s.preemptions, evictions=self.kv.num_evictions,
                            pool_usage=self.kv.usage, num_blocks=self.config.num_blocks)
+
+
+def _check_device_memory(config: KVCacheConfig, device: str) -> None:
+    """ValueError when the pool would not fit in the device's memory at all
+    (a typo'd num_blocks would otherwise build millions of block records)."""
+    if torch.device(device).type == "cuda":
+        limit = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    else:
+        try:
+            limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):  # not a POSIX system: unchecked
+            return
+    if config.total_bytes > limit:
+        raise ValueError(f"a pool of {config.num_blocks} blocks needs {config.total_bytes} "
+                         f"bytes of KV cache, more than the {limit} bytes of memory on "
+                         f"{device}; lower num_blocks or kv_cache_memory_bytes")
 
 
 def _per_prompt_params(params: SamplingParams | Sequence[SamplingParams] | None,

@@ -79,14 +79,18 @@ class SlidingWindowManager(SingleTypeManager):
                       end: int) -> None:
         bs, need, null = self.block_size, self.spec.num_window_blocks, self.null_block
         junction = request.num_shared_prefix_tokens // bs
-        ends = {a // bs for a in self.anchors(request)}
+        keep: set[int] = set()  # positions inside the window before some anchor
+        if self.rate_low_value:
+            for anchor in self.anchors(request):
+                e = anchor // bs
+                keep.update(range(max(e - need, start), min(e, end)))
         for i in range(start, end):
             block = blocks[i]
             if block is null:
                 continue
             if junction - need <= i < junction:
                 block.value_hint = JUNCTION
-            elif self.rate_low_value and not any(e - need <= i < e for e in ends):
+            elif self.rate_low_value and i not in keep:
                 block.value_hint = LOW_VALUE
 
     def max_quiet_computed(self, request: Request) -> int:
