@@ -9,6 +9,7 @@ value raises ValueError naming the field.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 
 _DTYPE_BYTES = {
@@ -44,7 +45,7 @@ def _check_int(owner: str, name: str, value: object, minimum: int) -> None:
 
 
 @dataclass(frozen=True)
-class KVCacheSpec:
+class KVCacheSpec(ABC):
     """Base of every spec: a block holds `block_size` tokens of one layer."""
 
     block_size: int
@@ -53,9 +54,9 @@ class KVCacheSpec:
         _check_int(type(self).__name__, "block_size", self.block_size, 1)
 
     @property
+    @abstractmethod
     def page_size_bytes(self) -> int:
         """Bytes one block of one layer takes."""
-        raise NotImplementedError
 
     def with_block_size(self, block_size: int) -> KVCacheSpec:
         """The same spec with another block size (used to unify page sizes)."""
