@@ -275,7 +275,9 @@ def test_factory_and_fixed_spec_sources():
 
 
 class UnknownSpec(KVCacheSpec):
-    pass
+    @property
+    def page_size_bytes(self):
+        return 64
 
 
 @pytest.mark.parametrize("kwargs", [
