@@ -68,9 +68,10 @@ class Scheduler:
 
     def __init__(self, kv_cache_manager: KVCacheManager, *, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 2048) -> None:
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_seqs ({max_num_seqs}) and max_num_batched_tokens "
-                             f"({max_num_batched_tokens}) must be >= 1")
+        for name, value in (("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.kv = kv_cache_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

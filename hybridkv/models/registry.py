@@ -62,8 +62,8 @@ def load_model(model: str | os.PathLike | PreTrainedModel, *, dtype: torch.dtype
     - a preset name (see `list_presets`): the tiny model built with
       `torch.manual_seed(seed)`, its `max_model_len` the preset's;
     - a directory: `AutoModelForCausalLM.from_pretrained(dir, local_files_only=True)`;
-      FileNotFoundError when the directory or its config.json is missing,
-      ValueError when config.json is unreadable;
+      FileNotFoundError when the directory, its config.json or its weights are
+      missing, ValueError when config.json is unreadable or the weights corrupt;
     - a `PreTrainedModel`: wrapped, sharing its weights.
     `dtype` casts the weights. ValueError for an unsupported model_type. Always eval mode.
     """
@@ -91,7 +91,14 @@ def _load_directory(path: Path, dtype: torch.dtype | None) -> ModelRunner:
     kwargs = {"local_files_only": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    return _wrap(AutoModelForCausalLM.from_pretrained(str(path), **kwargs))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    except OSError as error:  # no weights file, or an unreadable one
+        raise FileNotFoundError(f"load_model: cannot load weights from {str(path)!r}: "
+                                f"{error}") from error
+    except Exception as error:  # corrupt weights: bad headers, wrong shapes
+        raise ValueError(f"load_model: corrupt checkpoint in {str(path)!r}: {error}") from error
+    return _wrap(model)
 
 
 def read_model_type(path: str | os.PathLike) -> str:
