@@ -14,8 +14,11 @@ and a key at position `k`:
 
 Example (`W = 3`, one sink token, query at position 6): keys 0, 4, 5, 6 are visible.
 
-The torch path gathers, per sequence and per tile of queries, only the keys that some query of
-the tile can see, so blocks outside a window or chunk (null or not) never enter the arithmetic.
+The torch path cuts the queries into tiles (each decode token is one) and computes groups of
+similar tiles at once (`attention_batched`), gathering per tile only the blocks holding keys some
+query of the tile can see; other slots are zeroed and masked, so blocks outside a window or chunk
+(null or not) never enter the result. Leading blocks that a group's sequences share (a cached
+document) are gathered and scored once for the whole group.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridkv.kernels.attention_batched import attend_group, group_tiles, plan_tiles
 from hybridkv.kernels.attention_flash import can_use_flash_attention, flash_paged_attention
 
 # Query rows per dense score tile in the torch path: bounds memory at QUERY_TILE x keys per head
@@ -82,14 +86,21 @@ class MaskRules:
         """
         first = self.first_key(first_query)
         run = torch.arange(first, end, device=device)
-        num_sinks = min(self.num_sink_tokens, first) if self.sliding_window is not None else 0
+        num_sinks = self.num_visible_sinks(first)
         if num_sinks == 0:
             return run
         return torch.cat([torch.arange(num_sinks, device=device), run])
 
+    def num_visible_sinks(self, first: int) -> int:
+        """Sink tokens seen besides a key run starting at `first` (those not already in it)."""
+        return min(self.num_sink_tokens, first) if self.sliding_window is not None else 0
+
     def visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """Boolean mask `[n, L]`: query `q_pos[i]` sees key `k_pos[j]`."""
-        q, k = q_pos[:, None], k_pos[None, :]  # [n, 1], [1, L]
+        return self.allows(q_pos[:, None], k_pos[None, :])
+
+    def allows(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Elementwise: a query at position `q` sees a key at `k` (any broadcastable shapes)."""
         mask = k <= q
         if self.sliding_window is not None:
             mask &= (k > q - self.sliding_window) | (k < self.num_sink_tokens)
@@ -174,75 +185,16 @@ def torch_paged_attention(
     rules: MaskRules,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The pure-torch path of `paged_attention` (any device): one sequence at a time."""
+    """The pure-torch path of `paged_attention` (any device): groups of similar query tiles."""
     starts = batch.query_start_loc.tolist()
     seq_lens = batch.seq_lens.tolist()
-    capacity = batch.block_table.shape[1] * k_cache.shape[1]
-    _check_lengths(starts, seq_lens, query.shape[0], capacity)
-    out = torch.empty_like(query)  # [num_tokens, Hq, D]
-    for s, seq_len in enumerate(seq_lens):
-        lo, hi = starts[s], starts[s + 1]
-        if hi > lo:
-            out[lo:hi] = _attend_sequence(query[lo:hi], k_cache, v_cache,
-                                          batch.block_table[s], seq_len, rules, sinks)
-    return out
-
-
-def _attend_sequence(query, k_cache, v_cache, block_row, seq_len, rules, sinks) -> torch.Tensor:
-    # query: [n, Hq, D] for positions seq_len - n .. seq_len - 1; block_row: [max_blocks]
-    first_pos = seq_len - query.shape[0]
-    tiles = [
-        _attend_tile(query[i:i + QUERY_TILE], k_cache, v_cache, block_row, first_pos + i, rules,
-                     sinks)
-        for i in range(0, query.shape[0], QUERY_TILE)
-    ]
-    return tiles[0] if len(tiles) == 1 else torch.cat(tiles)
-
-
-def _attend_tile(query, k_cache, v_cache, block_row, first_pos, rules, sinks) -> torch.Tensor:
-    # query: [n, Hq, D] for positions first_pos .. first_pos + n - 1
-    end = first_pos + query.shape[0]
-    k_pos = rules.key_positions(first_pos, end, query.device)  # [L]
-    key, value = _gather_kv(k_cache, v_cache, block_row, k_pos)  # [L, Hkv, D] each
-    q_pos = torch.arange(first_pos, end, device=query.device)  # [n]
-    return _dense_attention(query, key, value, rules.visible(q_pos, k_pos), rules, sinks)
-
-
-def _gather_kv(k_cache, v_cache, block_row, positions) -> tuple[torch.Tensor, torch.Tensor]:
-    # positions: [L] token positions -> K, V [L, Hkv, D] read through the block table
     block_size = k_cache.shape[1]
-    blocks = block_row[positions // block_size].long()  # [L]
-    offsets = positions % block_size  # [L]
-    return k_cache[blocks, offsets], v_cache[blocks, offsets]
-
-
-def _dense_attention(query, key, value, mask, rules: MaskRules, sinks) -> torch.Tensor:
-    # query: [n, Hq, D]; key/value: [L, Hkv, D]; mask: [n, L]; sinks: [Hq] or None
-    n, num_q_heads, head_dim = query.shape
-    num_kv_heads = key.shape[1]
-    group = num_q_heads // num_kv_heads
-    q = query.float().reshape(n, num_kv_heads, group, head_dim)  # [n, Hkv, G, D]
-    q = q.permute(1, 2, 0, 3).reshape(num_kv_heads, group * n, head_dim)  # [Hkv, G*n, D]
-    k = key.float().permute(1, 2, 0)  # [Hkv, D, L]
-    v = value.float().transpose(0, 1)  # [Hkv, L, D]
-    scores = (q @ k).view(num_kv_heads, group, n, -1) * rules.scale  # [Hkv, G, n, L]
-    if rules.softcap is not None:
-        scores = torch.tanh(scores / rules.softcap) * rules.softcap
-    scores = scores.masked_fill(~mask, float("-inf"))
-    probs = _softmax_with_sinks(scores, sinks)  # [Hkv, G, n, L]
-    out = probs.reshape(num_kv_heads, group * n, -1) @ v  # [Hkv, G*n, D]
-    out = out.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3)  # [n, Hkv, G, D]
-    return out.reshape(n, num_q_heads, head_dim).to(query.dtype)
-
-
-def _softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    # scores: [Hkv, G, n, L]; sinks: [Hq = Hkv * G] logits of a virtual key whose value is zero
-    if sinks is None:
-        return torch.softmax(scores, dim=-1)
-    num_kv_heads, group, n, _ = scores.shape
-    sink = sinks.float().view(num_kv_heads, group, 1, 1).expand(-1, -1, n, 1)  # [Hkv, G, n, 1]
-    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)  # [Hkv, G, n, L + 1]
-    return probs[..., :-1]
+    _check_lengths(starts, seq_lens, query.shape[0], batch.block_table.shape[1] * block_size)
+    out = torch.empty_like(query)  # [num_tokens, Hq, D]
+    tiles = plan_tiles(starts, seq_lens, rules, QUERY_TILE, block_size)
+    for group in group_tiles(tiles, query.shape[1]):
+        attend_group(query, k_cache, v_cache, batch.block_table, group, rules, sinks, out)
+    return out
 
 
 def _check_tensors(query, k_cache, v_cache, sinks) -> None:

@@ -16,8 +16,9 @@ from transformers.masking_utils import (
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
 
-from hybridkv.kernels import attention
-from hybridkv.kernels.attention import AttentionBatch, paged_attention, write_kv
+from hybridkv.kernels import attention, attention_batched
+from hybridkv.kernels.attention import AttentionBatch, MaskRules, paged_attention, write_kv
+from hybridkv.kernels.attention_batched import Tile, group_tiles, plan_tiles
 from hybridkv.kernels.attention_flash import can_use_flash_attention
 
 HEAD_DIM = 8
@@ -363,3 +364,122 @@ def test_matches_gpt_oss_eager_sinks_window():
     expected = hf_eager(gpt_oss_eager, case, hf_mask(29, window=6), scaling=0.5, sinks=sinks)
     out = run(case, scale=0.5, sliding_window=6, sinks=sinks)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+# --- batched tiles: many decodes, shared prefix blocks, grouping -----------------------------
+
+DECODES = [(n, 1) for n in (33, 40, 47, 48, 52, 61, 64, 70, 9)]
+BATCH_OPTIONS = [
+    {}, {"sliding_window": 5}, {"sliding_window": 6, "num_sink_tokens": 3}, {"chunk_size": 8},
+    {"softcap": 2.0}, {"sinks": torch.tensor([0.5, -1.0, 2.0, 0.0])},
+    {"sliding_window": 7, "softcap": 3.0, "sinks": torch.tensor([1.0, 0.0, -2.0, 0.5])},
+]
+
+
+def layout(options, **kwargs) -> dict:
+    """make_case arguments nulling the blocks `options` never read."""
+    return {"window": options.get("sliding_window"), "chunk": options.get("chunk_size"),
+            "num_sinks": options.get("num_sink_tokens", 0), **kwargs}
+
+
+def share_prefix(case: Case, num_blocks: int) -> Case:
+    """Every sequence's first blocks become sequence 0's, as under prefix caching.
+
+    The blocks they replace are left unused, holding NaN.
+    """
+    table, size = case.batch.block_table, num_blocks * case.k_cache.shape[1]
+    for s in range(1, table.shape[0]):
+        replaced = table[s, :num_blocks].long()
+        assert (replaced != NULL_BLOCK).all() and (table[0, :num_blocks] != NULL_BLOCK).all()
+        case.k_cache[replaced] = float("nan")
+        case.v_cache[replaced] = float("nan")
+        table[s, :num_blocks] = table[0, :num_blocks]
+        case.keys[s][:size] = case.keys[0][:size]
+        case.values[s][:size] = case.values[0][:size]
+    return case
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("options", BATCH_OPTIONS)
+def test_many_decodes_of_different_lengths(block_size, options):
+    case = make_case(DECODES, block_size=block_size, **layout(options, seed=5))
+    check(case, **options)
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(4, 1), (6, 2), (3, 3)])
+def test_many_decodes_head_grouping(num_q_heads, num_kv_heads):
+    case = make_case(DECODES, block_size=4, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
+    check(case, sliding_window=9)
+    check(case, sinks=torch.linspace(-1.0, 1.0, num_q_heads), softcap=2.5)
+
+
+def test_decodes_over_whole_blocks_need_no_mask():
+    case = make_case([(32, 1)] * 3 + [(16, 1)], block_size=4, seed=2)
+    check(case)
+    check(case, sinks=torch.tensor([0.5, -1.0, 2.0, 0.0]))
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"softcap": 2.0}, {"sinks": torch.tensor([0.5, -1.0, 2.0, 0.0])}, {"chunk_size": 64},
+    {"sliding_window": 100, "softcap": 3.0, "sinks": torch.tensor([1.0, 0.0, -2.0, 0.5])},
+])
+def test_shared_prefix_blocks_scored_once(monkeypatch, options):
+    shared = []
+    real = attention_batched._shared_prefix_blocks
+    monkeypatch.setattr(attention_batched, "_shared_prefix_blocks",
+                        lambda *args: shared.append(real(*args)) or shared[-1])
+    for seqs in ([(40, 1), (45, 1), (52, 1), (41, 1)], [(60, 9), (40, 4), (48, 3)]):
+        case = share_prefix(make_case(seqs, block_size=4, seed=7), num_blocks=8)
+        check(case, **options)
+    fused = "softcap" not in options and "sinks" not in options  # prefills go to torch's SDPA
+    assert shared == ([8] if fused else [8, 8])  # each group scored the 8 shared blocks once
+
+
+def test_shared_prefix_bfloat16():
+    seqs = [(40, 1), (45, 1), (52, 1), (41, 1), (60, 9)]
+    case = share_prefix(make_case(seqs, block_size=4, dtype=torch.bfloat16, seed=4), num_blocks=8)
+    check(case, atol=2e-2, rtol=2e-2)
+    check(case, atol=2e-2, rtol=2e-2, softcap=2.0, sinks=torch.tensor([0.5, -1.0, 2.0, 0.0]))
+
+
+def test_prefill_head_groups_without_sdpa_gqa(monkeypatch):
+    monkeypatch.setattr(attention_batched, "SDPA_HAS_GQA", False)  # torch < 2.5
+    case = make_case(MIXED + [(40, 3)], block_size=4, num_q_heads=6, num_kv_heads=2, window=7)
+    check(case, sliding_window=7)
+
+
+@pytest.mark.parametrize("settings", [
+    {"MAX_SCORE_ELEMENTS": 1},  # every tile alone
+    {"PADDING_RATIO": 1e9, "PADDING_SLACK": 1 << 30},  # one group, query rows padded
+])
+@pytest.mark.parametrize("options", [{}, BATCH_OPTIONS[2], BATCH_OPTIONS[-1]])
+def test_grouping_does_not_change_results(monkeypatch, settings, options):
+    case = make_case(MIXED + DECODES[:4] + [(40, 3)], block_size=4, **layout(options, seed=9))
+    for name, value in settings.items():
+        monkeypatch.setattr(attention_batched, name, value)
+    monkeypatch.setattr(attention, "QUERY_TILE", 6)
+    check(case, **options)
+
+
+@pytest.mark.parametrize("rules,expected", [
+    (MaskRules(1.0), [Tile(0, 0, 4, 4, 0, 0, 8, 1), Tile(0, 4, 2, 8, 0, 0, 12, 2),
+                      Tile(1, 6, 1, 19, 0, 0, 20, 4)]),
+    (MaskRules(1.0, sliding_window=3, num_sink_tokens=2),
+     [Tile(0, 0, 4, 4, 2, 2, 12, 0), Tile(0, 4, 2, 8, 6, 2, 12, 0),
+      Tile(1, 6, 1, 19, 17, 2, 8, 0)]),
+    (MaskRules(1.0, chunk_size=8), [Tile(0, 0, 4, 4, 0, 0, 8, 1), Tile(0, 4, 2, 8, 8, 0, 4, 0),
+                                    Tile(1, 6, 1, 19, 16, 0, 4, 0)]),
+])
+def test_plan_tiles(rules, expected):
+    assert plan_tiles([0, 6, 7], [10, 20], rules, tile_size=4, block_size=4) == expected
+
+
+def test_group_tiles_bounds_padding_and_size():
+    decodes = [Tile(s, s, 1, 2000 + s, 0, 0, 2016, 125) for s in range(32)]
+    short = [Tile(32 + s, 32 + s, 1, 500, 0, 0, 512, 31) for s in range(32)]
+    prefill = Tile(64, 64, 256, 1800, 0, 0, 2064, 0)
+    groups = group_tiles(short + [prefill] + decodes, num_heads=4)
+    # k short decodes join the long ones while (32 + k) * 2016 <= 1.25 * (32 * 2016 + 512 * k)
+    # + 2**14, i.e. k <= 23; a 256-query tile never shares with single queries
+    assert groups == [[prefill], decodes + short[:23], short[23:]]
+    assert [len(g) for g in group_tiles(decodes, num_heads=1 << 10)] == [2] * 16
