@@ -100,9 +100,8 @@ class KVCacheManager:
         self.hash_block_size = self.coordinator.hash_block_size
         self.num_groups = len(kv_cache_config.kv_cache_groups)
         self._stats = PrefixCacheStats(group_hits=[0] * self.num_groups)
-        # requests holding blocks -> (request, max tokens, max computed tokens) that an
-        # allocation can reach without changing anything (the fast path's limits)
-        self._requests: dict[str, tuple[Request, int, int]] = {}
+        # requests holding blocks; each carries the fast path's limits (`quiet_*`)
+        self._requests: dict[str, Request] = {}
         self._no_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
         self._missed_prefixes: dict[bytes, int] = {}
         self._warned = False
@@ -162,12 +161,15 @@ class KVCacheManager:
         at all, when the pool can't supply them. Raises ValueError for
         counts past the request's tokens or a hit that does not match.
         """
-        if not num_new_computed_tokens and type(request) is Request:  # fast path: no change
-            quiet = self._requests.get(request.request_id)
-            if quiet is not None and quiet[0] is request and type(num_new_tokens) is int:
+        if not num_new_computed_tokens:  # fast path: an allocation that changes nothing
+            try:
+                owner = request.quiet_owner
+            except AttributeError:  # not a Request: the checked path raises
+                owner = None
+            if owner is self and type(num_new_tokens) is int and num_new_tokens >= 0:
                 computed = request.num_computed_tokens
                 num_tokens = computed + num_new_tokens
-                if num_new_tokens >= 0 and num_tokens <= quiet[1] and computed <= quiet[2] \
+                if num_tokens <= request.quiet_tokens and computed <= request.quiet_computed \
                         and num_tokens <= len(request.all_token_ids):
                     return self._no_blocks
         num_tokens = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
@@ -182,7 +184,9 @@ class KVCacheManager:
         if self.enable_caching:
             hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
             coordinator.cache_blocks(request, hashes, num_tokens)
-        self._requests[request.request_id] = (request, *coordinator.quiet_limits(request))
+        self._requests[request.request_id] = request
+        request.quiet_tokens, request.quiet_computed = coordinator.quiet_limits(request)
+        request.quiet_owner = self
         return KVCacheBlocks(new_blocks)
 
     def _check_allocation(self, request: Request, num_new_tokens: int,
@@ -194,7 +198,7 @@ class KVCacheManager:
         _check_count("num_new_tokens", num_new_tokens)
         _check_count("num_new_computed_tokens", num_new_computed_tokens)
         held = self._requests.get(request.request_id)
-        if held is not None and held[0] is not request:
+        if held is not None and held is not request:
             raise ValueError(f"request id {request.request_id!r} is already in use by "
                              f"another request holding blocks")
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
@@ -227,8 +231,14 @@ class KVCacheManager:
 
         Idempotent: freeing a request that holds nothing does nothing.
         """
+        held = self._requests.get(getattr(request, "request_id", None))  # type: ignore[arg-type]
+        if held is not None and held is not request:
+            raise ValueError(f"free: request id {request.request_id!r} is held by another "
+                             f"Request object; free that one")
         self.coordinator.free(request)
-        self._requests.pop(request.request_id, None)
+        if held is not None:
+            del self._requests[request.request_id]
+            request.quiet_owner = None
 
     # ---- views and admin -----------------------------------------------------
 

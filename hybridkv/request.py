@@ -23,7 +23,8 @@ class Request:
 
     __slots__ = ("request_id", "prompt_token_ids", "all_token_ids", "num_computed_tokens",
                  "cache_salt", "lora_name", "mm_hashes", "max_tokens", "hasher",
-                 "num_prompt_tokens", "num_shared_prefix_tokens")
+                 "num_prompt_tokens", "num_shared_prefix_tokens", "quiet_owner",
+                 "quiet_tokens", "quiet_computed")
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *,
                  cache_salt: str | bytes | None = None, lora_name: str | None = None,
@@ -57,6 +58,11 @@ class Request:
         # how far the prompt matched cached full-attention blocks at its last lookup:
         # a junction where other requests diverge (a retention hint)
         self.num_shared_prefix_tokens = 0
+        # set by the manager holding the request's blocks: up to these token counts an
+        # allocation changes nothing (its fast path)
+        self.quiet_owner: object = None
+        self.quiet_tokens = 0
+        self.quiet_computed = 0
 
     @property
     def num_tokens(self) -> int:
@@ -71,14 +77,14 @@ class Request:
 
         Raises ValueError (appending nothing) for ids not in [0, 2**32).
         """
-        if type(token_ids) is int and 0 <= token_ids <= _MAX_TOKEN_ID:
-            self.all_token_ids.append(token_ids)
-            return
         if type(token_ids) is list and len(token_ids) == 1:  # one decoded token
             token = token_ids[0]
             if type(token) is int and 0 <= token <= _MAX_TOKEN_ID:
                 self.all_token_ids.append(token)
                 return
+        elif type(token_ids) is int and 0 <= token_ids <= _MAX_TOKEN_ID:
+            self.all_token_ids.append(token_ids)
+            return
         if isinstance(token_ids, str | bytes) or not isinstance(token_ids, Sequence):
             token_ids = [token_ids]  # type: ignore[list-item]
         token_ids = list(token_ids)
