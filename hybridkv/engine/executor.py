@@ -100,18 +100,18 @@ class ModelExecutor:
     def _attention_batch(self, batch: Sequence[ScheduledSeq], ids: list[list[int]],
                          block_size: int, starts: list[int]) -> AttentionBatch:
         width = max(len(row) for row in ids)
-        table = torch.zeros((len(ids), width), dtype=torch.int32)
+        table = [row + [0] * (width - len(row)) for row in ids]  # 0: the null block
         slots: list[int] = []
-        for s, (item, row) in enumerate(zip(batch, ids)):
-            table[s, :len(row)] = torch.tensor(row, dtype=torch.int32)
-            for p in range(item.num_computed, item.num_computed + item.num_new):
-                slots.append(row[p // block_size] * block_size + p % block_size)
+        for item, row in zip(batch, ids):
+            c = item.num_computed
+            slots += [row[p // block_size] * block_size + p % block_size
+                      for p in range(c, c + item.num_new)]
         seq_lens = [item.num_computed + item.num_new for item in batch]
         dev = self.device
         return AttentionBatch(
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_table=table.to(dev),
+            block_table=torch.tensor(table, dtype=torch.int32, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             max_query_len=max(item.num_new for item in batch),
             max_seq_len=max(seq_lens),

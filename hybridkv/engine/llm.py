@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from hybridkv.core.hashing import check_token_ids
 from hybridkv.core.kv_cache_config import KVCacheConfig
 from hybridkv.engine.executor import ModelExecutor
 from hybridkv.engine.sampling import RequestOutput, Sampler, SamplingParams
@@ -204,11 +205,18 @@ class LLM:
         if not isinstance(prompt, Sequence) or len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty or not a list of token ids")
         vocab = self.runner.vocab_size
-        for t in prompt:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise ValueError(f"prompt {i}: token id {t!r} is outside the vocabulary "
-                                 f"[0, {vocab})")
-        return list(prompt)
+        ids = list(prompt)
+        try:
+            check_token_ids(ids)  # ints in [0, 2**32), checked in C when built
+            in_range = 0 <= min(ids) and max(ids) < vocab
+        except ValueError:
+            in_range = False
+        if not in_range:
+            bad = next(t for t in ids if isinstance(t, bool) or not isinstance(t, int)
+                       or not 0 <= t < vocab)
+            raise ValueError(f"prompt {i}: token id {bad!r} is outside the vocabulary "
+                             f"[0, {vocab})")
+        return ids
 
     def _check_fits(self, i: int, ids: list[int], params: SamplingParams) -> None:
         limit = self.runner.max_model_len
