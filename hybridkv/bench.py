@@ -14,6 +14,7 @@ SCRIPTS = {
     "engine": "bench_engine.py",
     "pressure": "bench_pressure.py",
     "soak": "soak.py",
+    "mamba_state": "bench_mamba_state.py",
 }
 
 
