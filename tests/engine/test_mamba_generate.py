@@ -14,17 +14,10 @@ import torch
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.models.presets import build_preset_model
+from hybridkv.testing.models import slow_decay
 
 MAX_TOKENS = 5
 BLOCK = 8
-
-
-def slow_decay(model, low=-7.0, high=-3.0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("A_log"):
-                param.copy_(low + (high - low) * torch.rand(param.shape, generator=g))
 
 
 def hf_greedy_no_cache(model, prompt, n=MAX_TOKENS):

@@ -28,15 +28,6 @@ from hybridkv.models.mamba_batch import MambaBatch
 NAN = float("nan")
 
 
-def slow_decay(model, low: float = -7.0, high: float = -3.0, seed: int = 0) -> None:
-    """Set every `A_log` to values in [low, high]: A = -exp(A_log) near 0, states fade slowly."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("A_log"):
-                param.copy_(low + (high - low) * torch.rand(param.shape, generator=generator))
-
-
 def hf_logits(model, tokens: list[int]) -> torch.Tensor:
     """Hugging Face's forward over the whole sequence from scratch, no cache: [L, vocab]."""
     with torch.no_grad():

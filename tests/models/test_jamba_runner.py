@@ -12,7 +12,6 @@ from hybrid_harness import (
     check_chunked_prefill_and_decode,
     greedy_generate,
     random_tokens,
-    slow_decay,
 )
 from paged_harness import PagedCache, build_model, hf_generate
 
@@ -22,6 +21,7 @@ from hybridkv.models import load_model
 from hybridkv.models.jamba import JambaRunner
 from hybridkv.models.mamba_batch import MambaBatch
 from hybridkv.models.presets import get_preset
+from hybridkv.testing.models import slow_decay
 
 
 @pytest.fixture(autouse=True, scope="module")

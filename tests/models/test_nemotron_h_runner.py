@@ -8,7 +8,6 @@ from hybrid_harness import (
     check_resume_from_checkpoint,
     greedy_generate,
     random_tokens,
-    slow_decay,
 )
 from paged_harness import build_model, hf_generate
 
@@ -16,6 +15,7 @@ from hybridkv.core.specs import FullAttentionSpec, MambaSpec
 from hybridkv.models import load_model
 from hybridkv.models.nemotron_h import NemotronHRunner
 from hybridkv.models.presets import get_preset
+from hybridkv.testing.models import slow_decay
 
 
 @pytest.fixture(autouse=True, scope="module")

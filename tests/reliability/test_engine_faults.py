@@ -21,6 +21,7 @@ import torch
 
 from hybridkv import LLM, KVCacheManager, MambaSpec, SamplingParams
 from hybridkv.models.presets import build_preset_model
+from hybridkv.testing.models import slow_decay
 
 PRESETS = ["gemma3-tiny", "jamba-tiny", "gpt-oss-tiny"]
 BLOCK = 4
@@ -37,15 +38,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def slow_decay(model, low=-7.0, high=-3.0, seed=0):
-    """Mamba states that decay slowly (A near 0), so a wrong start state changes tokens."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("A_log"):
-                param.copy_(low + (high - low) * torch.rand(param.shape, generator=g))
 
 
 def hf_greedy_no_cache(model, prompt, n):
