@@ -53,11 +53,12 @@ def _run(model, name: str, caching: bool) -> tuple[list[list[int]], float, LLM]:
 
     t0 = time.perf_counter()
     if name == "multi-turn chat":
-        outputs = ChatWorkload().run(generate)
+        outputs = ChatWorkload(num_sessions=4, num_turns=4, system_len=256, user_len=64).run(
+            generate)
     elif name == "shared documents":
-        outputs = generate(shared_documents())
+        outputs = generate(shared_documents(num_docs=4, doc_len=1024, questions_per_doc=6))
     else:
-        outputs = generate(few_shot())
+        outputs = generate(few_shot(header_len=1024, num_questions=16))
     return outputs, time.perf_counter() - t0, llm
 
 
@@ -129,6 +130,7 @@ def run_demo(out_dir: str = "hybridkv-demo-output", presets: tuple[str, ...] = D
     tables, usage, sweep, all_same = [], {}, [], True
     for preset in presets:
         model = build_preset_model(preset, seed=0)
+        _engine(model, True).generate([[5] * 64], SamplingParams(max_tokens=2))  # warm-up
         results = []
         for name in workloads:
             results.append(run_workload(model, name))
