@@ -104,11 +104,14 @@ class HybridCoordinator:
     def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
                                num_tokens: int, hit: GroupBlocks | None) -> int:
         """Net free-queue blocks all groups take (see SingleTypeManager)."""
+        need = 0
         if hit is None:
-            return sum([m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, None)
-                        for m in self.managers])
-        return sum([m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, h)
-                    for m, h in zip(self.managers, hit)])
+            for m in self.managers:
+                need += m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, None)
+            return need
+        for m, h in zip(self.managers, hit):
+            need += m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, h)
+        return need
 
     def allocate(self, request: Request, num_computed_tokens: int, num_tokens: int,
                  hit: GroupBlocks | None) -> GroupBlocks:
@@ -130,8 +133,14 @@ class HybridCoordinator:
 
     def quiet_limits(self, request: Request) -> tuple[int, int]:
         """Smallest (max tokens, max computed tokens) over the groups."""
-        limits = [m.quiet_limits(request) for m in self.managers]
-        return min(t for t, _ in limits), min(c for _, c in limits)
+        max_tokens = max_computed = 1 << 62
+        for m in self.managers:
+            tokens, computed = m.quiet_limits(request)
+            if tokens < max_tokens:
+                max_tokens = tokens
+            if computed < max_computed:
+                max_computed = computed
+        return max_tokens, max_computed
 
     def free(self, request: Request) -> None:
         for manager in self.managers:

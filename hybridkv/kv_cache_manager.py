@@ -193,16 +193,18 @@ class KVCacheManager:
                           num_new_computed_tokens: int,
                           new_computed_blocks: KVCacheBlocks | None) -> int:
         """Validate an allocate_slots call; return the token count after it."""
-        if not isinstance(request, Request):
+        if type(request) is not Request and not isinstance(request, Request):
             raise ValueError(f"request must be a Request, got {type(request).__name__}")
-        _check_count("num_new_tokens", num_new_tokens)
-        _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        if type(num_new_tokens) is not int or num_new_tokens < 0:
+            _check_count("num_new_tokens", num_new_tokens)
+        if type(num_new_computed_tokens) is not int or num_new_computed_tokens:
+            _check_count("num_new_computed_tokens", num_new_computed_tokens)
         held = self._requests.get(request.request_id)
         if held is not None and held is not request:
             raise ValueError(f"request id {request.request_id!r} is already in use by "
                              f"another request holding blocks")
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        if num_tokens > request.num_tokens:
+        if num_tokens > len(request.all_token_ids):
             raise ValueError(
                 f"request {request.request_id!r}: {request.num_computed_tokens} computed + "
                 f"{num_new_computed_tokens} cached + {num_new_tokens} new tokens exceed its "

@@ -179,12 +179,11 @@ class SingleTypeManager(ABC):
         if num_full <= start:
             return
         blocks = self.req_to_blocks[rid]
-        hashes = self.group_hashes(block_hashes, num_full)
-        cache, null, gid = self.pool.cache_block, self.null_block, self.group_id
+        cache, null, gid, s = self.pool.cache_block, self.null_block, self.group_id, self.stride
         for i in range(start, num_full):
             block = blocks[i]
             if block is not null:
-                cache(block, hashes[i], gid)
+                cache(block, block_hashes[(i + 1) * s - 1], gid)
         self.num_cached_blocks[rid] = num_full
 
     def free(self, request: Request) -> None:
@@ -231,7 +230,10 @@ class SingleTypeManager(ABC):
         max_tokens = len(blocks) * self.block_size
         if self.enable_caching:
             next_full = (self.num_cached_blocks.get(rid, 0) + 1) * self.block_size - 1
-            max_tokens = min(max_tokens, next_full)
+            if next_full < max_tokens:
+                max_tokens = next_full
+        if not self.skips:
+            return max_tokens, 1 << 62
         return max_tokens, self.max_quiet_computed(request)
 
     def max_quiet_computed(self, request: Request) -> int:
