@@ -179,11 +179,13 @@ class SingleTypeManager(ABC):
         if num_full <= start:
             return
         blocks = self.req_to_blocks[rid]
-        cache, null, gid, s = self.pool.cache_block, self.null_block, self.group_id, self.stride
+        # this group's keys: the hash list itself when blocks are hash-sized
+        hashes = block_hashes if self.stride == 1 else self.group_hashes(block_hashes, num_full)
+        cache, null, gid = self.pool.cache_block, self.null_block, self.group_id
         for i in range(start, num_full):
             block = blocks[i]
             if block is not null:
-                cache(block, block_hashes[(i + 1) * s - 1], gid)
+                cache(block, hashes[i], gid)
         self.num_cached_blocks[rid] = num_full
 
     def free(self, request: Request) -> None:
