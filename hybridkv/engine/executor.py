@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from hybridkv.core.kv_cache_config import KVCacheConfig
@@ -100,7 +101,9 @@ class ModelExecutor:
     def _attention_batch(self, batch: Sequence[ScheduledSeq], ids: list[list[int]],
                          block_size: int, starts: list[int]) -> AttentionBatch:
         width = max(len(row) for row in ids)
-        table = [row + [0] * (width - len(row)) for row in ids]  # 0: the null block
+        table = np.zeros((len(ids), width), dtype=np.int32)  # 0: the null block
+        for s, row in enumerate(ids):
+            table[s, :len(row)] = row
         slots: list[int] = []
         for item, row in zip(batch, ids):
             c = item.num_computed
@@ -111,7 +114,7 @@ class ModelExecutor:
         return AttentionBatch(
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_table=torch.tensor(table, dtype=torch.int32, device=dev),
+            block_table=torch.from_numpy(table).to(dev),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             max_query_len=max(item.num_new for item in batch),
             max_seq_len=max(seq_lens),
