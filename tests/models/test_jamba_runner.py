@@ -24,15 +24,6 @@ from hybridkv.models.presets import get_preset
 from hybridkv.testing.models import slow_decay
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one thread avoids oversubscription stalls on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def jamba():
     model = build_model("jamba-tiny")

@@ -1,7 +1,6 @@
 """NemotronH (Mamba-2 hybrid) runner against the Hugging Face model's own full-sequence forward."""
 
 import pytest
-import torch
 from hybrid_harness import (
     ALL_CHECKS,
     check_chunked_prefill_and_decode,
@@ -16,15 +15,6 @@ from hybridkv.models import load_model
 from hybridkv.models.nemotron_h import NemotronHRunner
 from hybridkv.models.presets import get_preset
 from hybridkv.testing.models import slow_decay
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one thread avoids oversubscription stalls on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
