@@ -14,6 +14,7 @@ the family differs from the plain pre-norm decoder, override the hooks
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -74,7 +75,7 @@ class Step(NamedTuple):
     angles: dict[str, tuple[torch.Tensor, torch.Tensor]]     # rope key -> (cos, sin) [T, D/2]
 
 
-class ModelRunner:
+class ModelRunner(ABC):
     """Runs a Hugging Face causal LM step by step over a paged KV cache.
 
     Attributes: `model_type`, `vocab_size`, `max_model_len`, `eos_token_ids`,
@@ -108,9 +109,9 @@ class ModelRunner:
         return cls(model)
 
     # ----------------------------------------------------------------- layout
+    @abstractmethod
     def build_attention_layers(self) -> list[AttentionLayer]:
         """One `AttentionLayer` per decoder layer; fills `self.rotaries`."""
-        raise NotImplementedError
 
     def head_dims(self) -> tuple[int, int, int]:
         """(num_heads, num_kv_heads, head_dim) from the config."""

@@ -23,6 +23,7 @@ the Mamba layers (`"layers.{i}.mamba"`) to the attention ones.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -238,26 +239,26 @@ class HybridRunner(ModelRunner):
     Attention layers have no positional encoding unless a subclass adds one.
     """
 
+    @abstractmethod
     def layer_kinds(self) -> list[str]:
         """ATTENTION, MAMBA or FFN for each decoder layer."""
-        raise NotImplementedError
 
+    @abstractmethod
     def build_mamba_layer(self, index: int) -> MambaLayer:
         """The state shapes of decoder layer `index` (a Mamba layer)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [T, hidden]."""
-        raise NotImplementedError
 
+    @abstractmethod
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """The norm before the LM head, on [S, hidden]."""
-        raise NotImplementedError
 
+    @abstractmethod
     def hybrid_layer(self, index: int, layer: nn.Module, hidden: torch.Tensor,
                      ctx: HybridStep) -> torch.Tensor:
         """Decoder layer `index` on hidden [T, hidden]."""
-        raise NotImplementedError
 
     # ----------------------------------------------------------------- layout
     def build_attention_layers(self) -> list[AttentionLayer]:
