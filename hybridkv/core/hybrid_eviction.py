@@ -79,17 +79,24 @@ class HybridPolicy(EvictionPolicy):
     def add_free(self, blocks: Iterable[Block]) -> None:
         fresh = []
         tiers = self._tiers
+        empty, low = tiers[EMPTY], tiers[LOW_VALUE]
+        count = 0
         for block in blocks:
+            count += 1
+            if block.block_hash is None:
+                block.queue_slot = EMPTY
+                empty[block] = None
+                empty.move_to_end(block, last=False)
+                continue
             t = tier_of(block)
             block.queue_slot = t
-            self._num_free += 1
             if t == FRESH:
                 fresh.append(block)
-            elif t == EMPTY:
-                tiers[EMPTY][block] = None
-                tiers[EMPTY].move_to_end(block, last=False)
+            elif t == LOW_VALUE:
+                low[block] = None
             else:
                 tiers[t][block] = None
+        self._num_free += count
         queue = tiers[FRESH]
         for block in reversed(fresh):  # the whole release goes first, its tail first
             queue[block] = None
@@ -103,15 +110,18 @@ class HybridPolicy(EvictionPolicy):
     def take(self, num_blocks: int) -> list[Block]:
         out: list[Block] = []
         for t, tier in enumerate(self._tiers):
+            if not tier:
+                continue
             pop = tier.popitem
-            while tier and len(out) < num_blocks:
-                block = pop(last=False)[0]
+            taken = [pop(last=False)[0] for _ in range(min(num_blocks - len(out), len(tier)))]
+            for block in taken:
                 block.queue_slot = -1
-                out.append(block)
-                if t <= FRESH:
-                    self._num_taken += 1
-                    if self._num_taken % AGE_EVERY == 0:
-                        self._age()
+            out += taken
+            if t <= FRESH:
+                before = self._num_taken
+                self._num_taken += len(taken)
+                for _ in range(self._num_taken // AGE_EVERY - before // AGE_EVERY):
+                    self._age()
             if len(out) == num_blocks:
                 break
         self._num_free -= len(out)
