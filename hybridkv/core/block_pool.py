@@ -106,6 +106,7 @@ class BlockPool:
             raise ValueError(f"cannot take {num_blocks} blocks: only "
                              f"{len(self.free_queue)} are free")
         blocks = self.free_queue.take(num_blocks)
+        assert len(blocks) == num_blocks, "the eviction policy returned too few blocks"
         for block in blocks:
             if block.block_hash is not None:
                 self.group_evictions[block.group_id] += 1

@@ -109,11 +109,11 @@ class HybridPolicy(EvictionPolicy):
 
     def take(self, num_blocks: int) -> list[Block]:
         out: list[Block] = []
-        for t, tier in enumerate(self._tiers):
-            if not tier:
-                continue
-            pop = tier.popitem
-            taken = [pop(last=False)[0] for _ in range(min(num_blocks - len(out), len(tier)))]
+        tiers = self._tiers
+        while len(out) < num_blocks:  # from the lowest non-empty tier (aging may refill one)
+            t = next(i for i, tier in enumerate(tiers) if tier)
+            pop = tiers[t].popitem
+            taken = [pop(last=False)[0] for _ in range(min(num_blocks - len(out), len(tiers[t])))]
             for block in taken:
                 block.queue_slot = -1
             out += taken
@@ -122,8 +122,6 @@ class HybridPolicy(EvictionPolicy):
                 self._num_taken += len(taken)
                 for _ in range(self._num_taken // AGE_EVERY - before // AGE_EVERY):
                     self._age()
-            if len(out) == num_blocks:
-                break
         self._num_free -= len(out)
         return out
 

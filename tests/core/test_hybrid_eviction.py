@@ -110,3 +110,19 @@ def test_cyclic_sessions_thrash_lru_but_not_hybrid():
     # first, stays whole (4 of the 7 blocks are needed to compute a session) and
     # hits every round; once hit, it is protected
     assert run_round_robin("hybrid") == [12, 0, 0] * 3
+
+
+def test_take_gets_blocks_that_aging_moves_into_an_emptied_tier():
+    age = hybrid_eviction.AGE_EVERY
+    pool = BlockPool(age + 2, eviction_policy="hybrid")
+    blocks = pool.get_new_blocks(age + 1)
+    cached(pool, [b.block_id for b in blocks], b"t")
+    protected = blocks[-1]
+    protected.num_hits = 1
+    pool.free_blocks(blocks)  # age fresh blocks, one hit-once block
+    # taking every fresh block ages the hit-once block into the (now empty) fresh tier;
+    # the last block asked for must come from there
+    taken = pool.get_new_blocks(age + 1)
+    assert len(taken) == age + 1 and taken[-1] is protected
+    assert pool.num_free_blocks == 0
+    pool.check_integrity()
