@@ -14,19 +14,10 @@ import torch
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.models.presets import build_preset_model
-from hybridkv.testing.models import slow_decay
+from hybridkv.testing.models import hf_greedy_no_cache, slow_decay
 
 MAX_TOKENS = 5
 BLOCK = 8
-
-
-def hf_greedy_no_cache(model, prompt, n=MAX_TOKENS):
-    tokens = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            logits = model(torch.tensor([tokens]), use_cache=False).logits[0, -1]
-            tokens.append(int(torch.argmax(logits)))
-    return tokens[len(prompt):]
 
 
 def hit_alignment(model):
@@ -56,7 +47,8 @@ def hybrid(request):
     slow_decay(model)
     align = hit_alignment(model)
     prompts = prompts_with_shared_prefixes(align)
-    return request.param, model, prompts, [hf_greedy_no_cache(model, p) for p in prompts], align
+    expected = [hf_greedy_no_cache(model, p, MAX_TOKENS) for p in prompts]
+    return request.param, model, prompts, expected, align
 
 
 @pytest.mark.parametrize("caching", [True, False])

@@ -20,7 +20,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from hybridkv import (
     LLM,
@@ -34,14 +33,6 @@ from hybridkv.models.presets import build_preset_model
 
 BLOCK = 4
 PARAMS = SamplingParams(max_tokens=3, ignore_eos=True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=["gemma3-tiny", "jamba-tiny"])
