@@ -18,7 +18,7 @@ A block its group rated a junction (the window or state a hit needs where
 requests sharing a prefix diverge) counts as hit once more: the full
 prefix before it was just reused, and it completes that reusable unit.
 
-Aging: every AGE_EVERY blocks taken for new data from tiers 0-2 move the
+Aging: every AGE_EVERY blocks taken for new data from tier 2 move the
 least recently used block of tier 4 down to tier 3 and that of tier 3 to
 the back of tier 2, so data that stops being hit drifts down and new popular
 data can take its place (slowly: a burst of new data must not wash out what
@@ -117,7 +117,7 @@ class HybridPolicy(EvictionPolicy):
             for block in taken:
                 block.queue_slot = -1
             out += taken
-            if t <= FRESH:
+            if t == FRESH:  # only evicting data counts: empty and low-value blocks are no loss
                 before = self._num_taken
                 self._num_taken += len(taken)
                 for _ in range(self._num_taken // AGE_EVERY - before // AGE_EVERY):

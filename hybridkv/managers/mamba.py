@@ -123,6 +123,8 @@ class MambaManager(SingleTypeManager):
                 block.value_hint = JUNCTION
             elif i + 1 not in ends and (i + 1) % grid:
                 block.value_hint = LOW_VALUE
+            else:  # one block completes a whole reusable prefix: protect it like a hit one
+                block.value_hint = JUNCTION
 
     def max_quiet_computed(self, request: Request) -> int:
         # c // B <= start  <=>  c <= (start + 1) * B - 1

@@ -74,6 +74,9 @@ class SlidingWindowManager(SingleTypeManager):
 
     # rate blocks outside every anchor's window as low value when released
     rate_low_value = True
+    # prompts often end in a unique suffix (a question, a new turn) after the part
+    # later prompts share: keep the windows of stops this close before the prompt end
+    tail_margin_tokens = 256
 
     def rate_released(self, request: Request, blocks: list[Block], start: int,
                       end: int) -> None:
@@ -84,6 +87,8 @@ class SlidingWindowManager(SingleTypeManager):
             for anchor in self.anchors(request):
                 e = anchor // bs
                 keep.update(range(max(e - need, start), min(e, end)))
+            e = request.num_prompt_tokens // bs  # the windows of stops in the prompt's tail
+            keep.update(range(max(e - need - self.tail_margin_tokens // bs, start), min(e, end)))
         for i in range(start, end):
             block = blocks[i]
             if block is null:

@@ -59,15 +59,34 @@ def test_junction_rating_counts_as_one_hit():
 
 
 def test_aging_moves_unused_protected_blocks_down():
-    pool = BlockPool(3 + hybrid_eviction.AGE_EVERY, eviction_policy="hybrid")
-    old = pool.get_new_blocks(1)[0]
-    cached(pool, [old.block_id], b"a")
+    age = hybrid_eviction.AGE_EVERY
+    pool = BlockPool(2 + 2 * age, eviction_policy="hybrid")
+    held = pool.get_new_blocks(1 + age)
+    old, fresh = held[0], held[1:]
+    cached(pool, [b.block_id for b in held], b"a")
     old.num_hits = 1
     pool.free_blocks([old])
     assert old.queue_slot == hybrid_eviction.HIT_ONCE
-    pool.get_new_blocks(hybrid_eviction.AGE_EVERY)  # taken from the empty tier
+    pool.get_new_blocks(age)  # taken from the empty tier: no data lost, no aging
+    assert old.queue_slot == hybrid_eviction.HIT_ONCE
+    pool.free_blocks(fresh)
+    pool.get_new_blocks(age)  # evicts `age` never-hit blocks: the hit-once block ages
     assert old.queue_slot == hybrid_eviction.FRESH
     assert old.block_hash is not None  # demoted, not evicted
+
+
+def test_low_value_blocks_do_not_age_protected_ones():
+    age = hybrid_eviction.AGE_EVERY
+    pool = BlockPool(2 + age, eviction_policy="hybrid")
+    held = pool.get_new_blocks(1 + age)
+    old, low = held[0], held[1:]
+    cached(pool, [b.block_id for b in held], b"w")
+    old.num_hits = 1
+    for b in low:  # e.g. window blocks no likely hit needs
+        b.value_hint = LOW_VALUE
+    pool.free_blocks(held)
+    assert pool.get_new_blocks(age) == low
+    assert old.queue_slot == hybrid_eviction.HIT_ONCE
 
 
 def test_recomputing_cached_data_counts_as_a_use():
