@@ -76,7 +76,7 @@ class SlidingWindowManager(SingleTypeManager):
     rate_low_value = True
     # prompts often end in a unique suffix (a question, a new turn) after the part
     # later prompts share: keep the windows of stops this close before the prompt end
-    tail_margin_tokens = 256
+    tail_margin_tokens = 128
 
     def rate_released(self, request: Request, blocks: list[Block], start: int,
                       end: int) -> None:
