@@ -14,14 +14,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from operator import attrgetter
 from typing import ClassVar
 
 from hybridkv.core.block_pool import Block, BlockPool
 from hybridkv.core.specs import KVCacheSpec
 from hybridkv.request import Request
-
-_ref_cnt = attrgetter("ref_cnt")
 
 
 class SingleTypeManager(ABC):
@@ -108,8 +105,8 @@ class SingleTypeManager(ABC):
 
     def num_evictable(self, blocks: Sequence[Block]) -> int:
         """How many of these blocks sit in the free queue (touching them removes them)."""
-        # the null block's count is always 0
-        return list(map(_ref_cnt, blocks)).count(0) - blocks.count(self.null_block)
+        null = self.null_block
+        return [b.ref_cnt for b in blocks if b is not null].count(0)
 
     def _num_freed_by_skip(self, request: Request, blocks: list[Block],
                            num_computed_tokens: int) -> int:

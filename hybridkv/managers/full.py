@@ -24,11 +24,14 @@ class FullAttentionManager(SingleTypeManager):
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
                                max_length: int) -> list[Block]:
-        hashes = self.group_hashes(block_hashes, max_length // self.block_size)
-        hit: list[Block | None] = list(map(self.pool.cached[self.group_id].get, hashes))
-        if None in hit:  # stop at the first miss
-            del hit[hit.index(None):]
-        return hit  # type: ignore[return-value]
+        get = self.pool.cached[self.group_id].get
+        hit: list[Block] = []
+        for block_hash in self.group_hashes(block_hashes, max_length // self.block_size):
+            block = get(block_hash)
+            if block is None:
+                break
+            hit.append(block)
+        return hit
 
     def num_skipped_blocks(self, request: Request, num_computed_tokens: int) -> int:
         return 0

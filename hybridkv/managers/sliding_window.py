@@ -53,7 +53,7 @@ class SlidingWindowManager(SingleTypeManager):
         if num_blocks >= need:  # the common case: the last window is cached
             last = list(map(get, block_hashes[(num_blocks - need + 1) * stride - 1:
                                               num_blocks * stride:stride]))
-            if None not in last:
+            if all(last):  # no None (a block is always true)
                 start = num_blocks - need
                 return sinks[:start] + [null] * (start - min(start, len(sinks))) + last  # type: ignore
         run: list[Block] = []  # cached blocks ending at `end`, rightmost first
