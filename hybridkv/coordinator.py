@@ -40,6 +40,8 @@ class HybridCoordinator:
         # (for stats: what that group alone could reuse up to the full-attention match)
         self.group_first_pass = [0] * len(self.managers)
         self._other_ids = [i for i, m in enumerate(self.managers) if not m.downward_closed]
+        # groups whose prepare() without a hit releases skipped blocks
+        self._skipping = [m for m in self.managers if m.skips]
 
     # ---- the hybrid algorithm ------------------------------------------------
 
@@ -118,13 +120,30 @@ class HybridCoordinator:
         """Release skipped blocks or adopt the hit in every group, then allocate."""
         managers = self.managers
         if hit is None:
-            for m in managers:
-                m.prepare(request, num_computed_tokens, None)
+            for m in self._skipping:
+                m.remove_skipped_blocks(request, num_computed_tokens)
         else:
             for m, h in zip(managers, hit):
                 m.prepare(request, num_computed_tokens, h)
         return tuple([m.allocate_new_blocks(request, num_computed_tokens, num_tokens)
                       for m in managers])
+
+    def cache_blocks_and_limits(self, request: Request, block_hashes: Sequence[bytes] | None,
+                                num_tokens: int) -> None:
+        """After `allocate`: cache the full blocks among the first `num_tokens`
+        tokens (unless `block_hashes` is None), then set the request's
+        fast-path limits `quiet_*` (see `quiet_limits`)."""
+        max_tokens = max_computed = 1 << 62
+        for m in self.managers:
+            if block_hashes is not None:
+                m.cache_blocks(request, block_hashes, num_tokens)
+            tokens, computed = m.quiet_limits(request)
+            if tokens < max_tokens:
+                max_tokens = tokens
+            if computed < max_computed:
+                max_computed = computed
+        request.quiet_tokens = max_tokens
+        request.quiet_computed = max_computed
 
     def cache_blocks(self, request: Request, block_hashes: Sequence[bytes],
                      num_tokens: int) -> None:

@@ -161,7 +161,7 @@ class KVCacheManager:
         at all, when the pool can't supply them. Raises ValueError for
         counts past the request's tokens or a hit that does not match.
         """
-        if not num_new_computed_tokens:  # fast path: an allocation that changes nothing
+        if not num_new_computed_tokens:  # a request this manager holds: checked already
             try:
                 owner = request.quiet_owner
             except AttributeError:  # not a Request: the checked path raises
@@ -169,24 +169,32 @@ class KVCacheManager:
             if owner is self and type(num_new_tokens) is int and num_new_tokens >= 0:
                 computed = request.num_computed_tokens
                 num_tokens = computed + num_new_tokens
-                if num_tokens <= request.quiet_tokens and computed <= request.quiet_computed \
-                        and num_tokens <= len(request.all_token_ids):
-                    return self._no_blocks
+                if num_tokens <= len(request.all_token_ids):
+                    if num_tokens <= request.quiet_tokens and computed <= request.quiet_computed:
+                        return self._no_blocks  # fast path: an allocation that changes nothing
+                    if type(num_new_computed_tokens) is int:
+                        return self._allocate(request, computed, num_tokens, None)
         num_tokens = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                             new_computed_blocks)
         hit = new_computed_blocks.blocks if num_new_computed_tokens else None  # type: ignore
         computed = request.num_computed_tokens + num_new_computed_tokens
+        blocks = self._allocate(request, computed, num_tokens, hit)
+        if blocks is not None:
+            self._requests[request.request_id] = request
+            request.quiet_owner = self
+        return blocks
+
+    def _allocate(self, request: Request, computed: int, num_tokens: int,
+                  hit: GroupBlocks | None) -> KVCacheBlocks | None:
+        """Check, then commit, an allocation the caller has validated."""
         coordinator = self.coordinator
         if coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit) > \
-                self.pool.num_free_blocks:
+                len(self.pool.free_queue):
             return None
         new_blocks = coordinator.allocate(request, computed, num_tokens, hit)
-        if self.enable_caching:
-            hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
-            coordinator.cache_blocks(request, hashes, num_tokens)
-        self._requests[request.request_id] = request
-        request.quiet_tokens, request.quiet_computed = coordinator.quiet_limits(request)
-        request.quiet_owner = self
+        hashes = request.block_hashes(self.hash_algo, self.hash_block_size) \
+            if self.enable_caching else None
+        coordinator.cache_blocks_and_limits(request, hashes, num_tokens)
         return KVCacheBlocks(new_blocks)
 
     def _check_allocation(self, request: Request, num_new_tokens: int,

@@ -107,11 +107,18 @@ class BlockPool:
                              f"{len(self.free_queue)} are free")
         blocks = self.free_queue.take(num_blocks)
         assert len(blocks) == num_blocks, "the eviction policy returned too few blocks"
+        cached, evictions = self.cached, self.group_evictions
         for block in blocks:
-            if block.block_hash is not None:
-                self.group_evictions[block.group_id] += 1
-                self._drop_hash(block)
+            block_hash = block.block_hash
+            if block_hash is not None:
+                evictions[block.group_id] += 1
                 self.num_evictions += 1
+                if self._subscribers:
+                    self._drop_hash(block)
+                else:
+                    del cached[block.group_id][block_hash]
+                    block.block_hash = None
+                    block.group_id = -1
             block.ref_cnt = 1
             block.num_hits = 0
             block.value_hint = NORMAL_VALUE
@@ -127,11 +134,12 @@ class BlockPool:
         remove = self.free_queue.remove
         null = self.null_block
         for block in blocks:
-            if block is null:
-                continue
-            if block.ref_cnt == 0:
+            ref_cnt = block.ref_cnt
+            if not ref_cnt:
+                if block is null:
+                    continue
                 remove(block)
-            block.ref_cnt += 1
+            block.ref_cnt = ref_cnt + 1
             block.num_hits += 1
 
     def free_blocks(self, blocks: Iterable[Block]) -> None:
@@ -145,8 +153,9 @@ class BlockPool:
         for block in blocks:
             if block is null:
                 continue
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
+            ref_cnt = block.ref_cnt - 1
+            block.ref_cnt = ref_cnt
+            if not ref_cnt:
                 freed.append(block)
         if freed:
             self.free_queue.add_free(freed)
@@ -172,6 +181,24 @@ class BlockPool:
         if self._subscribers:
             self._emit(BlockStored(block_hash, group_id, block.block_id))
         return True
+
+    def cache_blocks(self, blocks: Sequence[Block], block_hashes: Sequence[bytes], start: int,
+                     end: int, group_id: int) -> None:
+        """`cache_block(blocks[i], block_hashes[i], group_id)` for i in start..end-1,
+        skipping the null block."""
+        table = self.cached[group_id]
+        null = self.null_block
+        for i in range(start, end):
+            block = blocks[i]
+            if block is null:
+                continue
+            block_hash = block_hashes[i]
+            if block.block_hash is not None or block_hash in table or self._subscribers:
+                self.cache_block(block, block_hash, group_id)
+                continue
+            block.block_hash = block_hash
+            block.group_id = group_id
+            table[block_hash] = block
 
     def _note_recompute(self, block: Block) -> None:
         """A request computed data this block already caches (its hit stopped

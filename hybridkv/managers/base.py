@@ -92,9 +92,7 @@ class SingleTypeManager(ABC):
         `num_computed_tokens` includes it.
         """
         if hit:
-            null = self.null_block
-            evictable = sum(1 for b in hit if b.ref_cnt == 0 and b is not null)
-            return max(-(-num_tokens // self.block_size) - len(hit), 0) + evictable
+            return max(-(-num_tokens // self.block_size) - len(hit), 0) + self.num_evictable(hit)
         blocks = self.req_to_blocks.get(request.request_id)
         if not blocks:
             return -(-num_tokens // self.block_size)
@@ -104,6 +102,11 @@ class SingleTypeManager(ABC):
         if self.skips:
             need -= self._num_freed_by_skip(request, blocks, num_computed_tokens)
         return need
+
+    def num_evictable(self, blocks: Sequence[Block]) -> int:
+        """How many of these blocks sit in the free queue (touching them removes them)."""
+        null = self.null_block
+        return [b.ref_cnt for b in blocks if b is not null].count(0)
 
     def _num_freed_by_skip(self, request: Request, blocks: list[Block],
                            num_computed_tokens: int) -> int:
@@ -181,24 +184,18 @@ class SingleTypeManager(ABC):
         blocks = self.req_to_blocks[rid]
         # this group's keys: the hash list itself when blocks are hash-sized
         hashes = block_hashes if self.stride == 1 else self.group_hashes(block_hashes, num_full)
-        cache, null, gid = self.pool.cache_block, self.null_block, self.group_id
-        for i in range(start, num_full):
-            block = blocks[i]
-            if block is not null:
-                cache(block, hashes[i], gid)
+        self.pool.cache_blocks(blocks, hashes, start, num_full, self.group_id)
         self.num_cached_blocks[rid] = num_full
 
     def free(self, request: Request) -> None:
         """Return all the request's blocks, tail first. Idempotent."""
         rid = request.request_id
-        blocks = self.req_to_blocks.get(rid)
+        blocks = self.req_to_blocks.pop(rid, None)
+        self.num_cached_blocks.pop(rid, None)
         if blocks:
             self.rate_released(request, blocks, 0, len(blocks))
-        self.req_to_blocks.pop(rid, None)
-        self.num_cached_blocks.pop(rid, None)
-        self.num_skipped.pop(rid, None)
-        if blocks:
             self.pool.free_blocks(reversed(blocks))
+        self.num_skipped.pop(rid, None)
 
     # ---- retention hints -------------------------------------------------------
 

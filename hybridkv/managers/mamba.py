@@ -71,8 +71,7 @@ class MambaManager(SingleTypeManager):
                                num_tokens: int, hit: Sequence[Block] | None) -> int:
         num_ckpt = len(self.checkpoint_boundaries(request, num_computed_tokens, num_tokens))
         if hit:
-            evictable = sum(1 for b in hit if b.ref_cnt == 0 and b is not self.null_block)
-            return 1 + num_ckpt + evictable  # a new live block
+            return 1 + num_ckpt + self.num_evictable(hit)  # a new live block
         blocks = self.req_to_blocks.get(request.request_id)
         if not blocks:
             return 1 + num_ckpt
@@ -86,6 +85,13 @@ class MambaManager(SingleTypeManager):
         null = self.null_block
         live = self._live_block(blocks, num_computed_tokens)
         boundaries = self.checkpoint_boundaries(request, num_computed_tokens, num_tokens)
+        if not boundaries and live is not None:  # no new block: the live one may move
+            grow = num_tokens // self.block_size + 1 - len(blocks)
+            if grow > 0:
+                blocks[-1] = null
+                blocks.extend([null] * grow)
+                blocks[-1] = live
+            return []
         new_blocks = self.pool.get_new_blocks(len(boundaries) + (live is None))
         if live is None:
             live = new_blocks[-1]

@@ -50,6 +50,12 @@ class SlidingWindowManager(SingleTypeManager):
         if need == 0:
             return sinks + [null] * (num_blocks - len(sinks))
         get = self.pool.cached[self.group_id].get
+        if num_blocks >= need:  # the common case: the last window is cached
+            last = list(map(get, block_hashes[(num_blocks - need + 1) * stride - 1:
+                                              num_blocks * stride:stride]))
+            if all(last):  # no None (a block is always true)
+                start = num_blocks - need
+                return sinks[:start] + [null] * (start - min(start, len(sinks))) + last  # type: ignore
         run: list[Block] = []  # cached blocks ending at `end`, rightmost first
         end = num_blocks
         for i in range(num_blocks - 1, -1, -1):
