@@ -81,20 +81,25 @@ class HybridPolicy(EvictionPolicy):
         tiers = self._tiers
         empty, low = tiers[EMPTY], tiers[LOW_VALUE]
         count = 0
-        for block in blocks:
+        for block in blocks:  # tier_of, inlined
             count += 1
             if block.block_hash is None:
                 block.queue_slot = EMPTY
                 empty[block] = None
                 empty.move_to_end(block, last=False)
                 continue
-            t = tier_of(block)
-            block.queue_slot = t
-            if t == FRESH:
-                fresh.append(block)
-            elif t == LOW_VALUE:
+            hits, hint = block.num_hits, block.value_hint
+            if hint < 0 and not hits:
+                block.queue_slot = LOW_VALUE
                 low[block] = None
+                continue
+            t = hits + hint if hint > 0 else hits
+            if not t:
+                block.queue_slot = FRESH
+                fresh.append(block)
             else:
+                t = HIT_ONCE if t == 1 else HIT_OFTEN
+                block.queue_slot = t
                 tiers[t][block] = None
         self._num_free += count
         queue = tiers[FRESH]
@@ -108,8 +113,19 @@ class HybridPolicy(EvictionPolicy):
         self._num_free -= 1
 
     def take(self, num_blocks: int) -> list[Block]:
-        out: list[Block] = []
         tiers = self._tiers
+        if num_blocks == 1:  # the common decode case
+            for t, tier in enumerate(tiers):
+                if tier:
+                    block = tier.popitem(last=False)[0]
+                    block.queue_slot = -1
+                    self._num_free -= 1
+                    if t == FRESH:
+                        self._num_taken += 1
+                        if self._num_taken % AGE_EVERY == 0:
+                            self._age()
+                    return [block]
+        out: list[Block] = []
         while len(out) < num_blocks:  # from the lowest non-empty tier (aging may refill one)
             t = next(i for i, tier in enumerate(tiers) if tier)
             pop = tiers[t].popitem

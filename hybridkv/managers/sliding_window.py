@@ -88,21 +88,27 @@ class SlidingWindowManager(SingleTypeManager):
                       end: int) -> None:
         bs, need, null = self.block_size, self.spec.num_window_blocks, self.null_block
         junction = request.num_shared_prefix_tokens // bs
-        keep: set[int] = set()  # positions inside the window before some anchor
+        j_lo, j_hi = max(junction - need, start), min(junction, end)
         if self.rate_low_value:
-            for anchor in self.anchors(request):
-                e = anchor // bs
-                keep.update(range(max(e - need, start), min(e, end)))
-            e = request.num_prompt_tokens // bs  # the windows of stops in the prompt's tail
-            keep.update(range(max(e - need - self.tail_margin_tokens // bs, start), min(e, end)))
-        for i in range(start, end):
-            block = blocks[i]
-            if block is null:
-                continue
-            if junction - need <= i < junction:
+            # positions inside the window before some anchor, or before a stop in
+            # the prompt's tail, keep their rating; the junction's window is rated
+            # below; every other position is low value
+            tail = request.num_prompt_tokens // bs
+            keep = [(max(a // bs - need, start), min(a // bs, end)) for a in self.anchors(request)]
+            keep.append((max(tail - need - self.tail_margin_tokens // bs, start), min(tail, end)))
+            keep.append((j_lo, j_hi))
+            keep.sort()
+            i = start
+            for lo, hi in keep + [(end, end)]:
+                for k in range(i, min(lo, end)):
+                    block = blocks[k]
+                    if block is not null:
+                        block.value_hint = LOW_VALUE
+                i = max(i, min(lo, end), hi)
+        for k in range(j_lo, j_hi):
+            block = blocks[k]
+            if block is not null:
                 block.value_hint = JUNCTION
-            elif self.rate_low_value and i not in keep:
-                block.value_hint = LOW_VALUE
 
     def max_quiet_computed(self, request: Request) -> int:
         # (c - W + 1) // B <= start  <=>  c <= (start + 1) * B + W - 2
