@@ -87,10 +87,12 @@ class ModelExecutor:
         rows = self.block_ids.block_ids(kv, [item.seq.request_id for item in batch])
         step = self._step_inputs(batch)
         attn, mamba = {}, {}
+        plans: dict = {}  # tilings shared by the groups' batches (same starts and lengths)
         for gid, spec, names in self.groups:
             ids = [row[gid] for row in rows]
             if isinstance(spec, AttentionSpec):
-                meta = self._attention_batch(step, [g.array for g in ids], spec.block_size)
+                meta = self._attention_batch(step, [g.array for g in ids], spec.block_size,
+                                             plans)
                 attn.update(dict.fromkeys(names, meta))
             elif isinstance(spec, MambaSpec):
                 mb = self._mamba_batch(batch, [g.ids for g in ids], spec.block_size,
@@ -129,8 +131,8 @@ class ModelExecutor:
             max_seq_len=int(seq_lens.max()),
         )
 
-    def _attention_batch(self, step: _StepInputs, ids: list[np.ndarray],
-                         block_size: int) -> AttentionBatch:
+    def _attention_batch(self, step: _StepInputs, ids: list[np.ndarray], block_size: int,
+                         plans: dict) -> AttentionBatch:
         width = max(len(row) for row in ids)
         table = np.zeros((len(ids), width), dtype=np.int32)  # 0: the null block
         for s, row in enumerate(ids):
@@ -145,6 +147,7 @@ class ModelExecutor:
             slot_mapping=torch.from_numpy(slots).to(dev),
             max_query_len=step.max_query_len,
             max_seq_len=step.max_seq_len,
+            plans=plans,
         )
 
     @staticmethod

@@ -113,10 +113,14 @@ def group_tiles(tiles: list[Tile], num_heads: int) -> list[list[Tile]]:
 
 
 def attend_group(query, k_cache, v_cache, block_table, tiles: list[Tile], rules: MaskRules,
-                 sinks, out: torch.Tensor) -> None:
-    """Attention of one group of tiles, written into `out` `[num_tokens, Hq, D]` in place."""
+                 sinks, out: torch.Tensor, rows_of_tiles: tuple | None = None) -> None:
+    """Attention of one group of tiles, written into `out` `[num_tokens, Hq, D]` in place.
+
+    `rows_of_tiles`: `query_rows(tiles)` when already made (by another layer)."""
     # query: [num_tokens, Hq, D]; caches: [num_blocks, B, Hkv, D]; block_table: [S, max_blocks]
-    rows, q_pos, real = _query_rows(tiles, query.device)  # [N, Q] each
+    if rows_of_tiles is None:
+        rows_of_tiles = query_rows(tiles, query.device)
+    rows, q_pos, real = rows_of_tiles  # [N, Q] each
     fused = rules.softcap is None and sinks is None and rows.shape[1] > 1
     shared = 0 if fused else _shared_prefix_blocks(block_table, tiles)
     keys = _gather_run(k_cache, v_cache, block_table, tiles, shared * k_cache.shape[1])
@@ -136,7 +140,7 @@ def attend_group(query, k_cache, v_cache, block_table, tiles: list[Tile], rules:
         out[rows[real]] = result[real].to(out.dtype)
 
 
-def _query_rows(tiles: list[Tile], device):
+def query_rows(tiles: list[Tile], device) -> tuple:
     # -> query rows and positions [N, Q] (padding repeats the tile's last query), and which
     # entries are real queries [N, Q] (None when every tile has Q queries)
     meta = torch.tensor([[t.row, t.num_queries, t.first_pos] for t in tiles], device=device)
