@@ -32,8 +32,8 @@ class BlockIdCache:
     """Per-step block ids of a batch, reconverted only where a list changed."""
 
     def __init__(self) -> None:
-        # request id -> per group: (copy of the block list, its ids)
-        self._rows: dict[str, tuple[tuple[list[Block], GroupIds], ...]] = {}
+        # request id -> (copies of its block lists, their ids), one entry per group
+        self._rows: dict[str, tuple[tuple[list[Block], ...], list[GroupIds]]] = {}
 
     def block_ids(self, kv: KVCacheManager, request_ids: Sequence[str]) -> list[list[GroupIds]]:
         """Ids per group of each request, `[request][group]`, in `request_ids` order.
@@ -42,17 +42,24 @@ class BlockIdCache:
         """
         rows = {}
         for rid in request_ids:
-            prev = self._rows.get(rid)
             groups = kv.get_blocks(rid).blocks
-            if prev is None or len(prev) != len(groups):
-                rows[rid] = tuple(_convert(blocks) for blocks in groups)
-            else:
-                rows[rid] = tuple(old if old[0] == blocks else _convert(blocks)
-                                  for old, blocks in zip(prev, groups))
+            prev = self._rows.get(rid)
+            if prev is None or prev[0] != groups:  # tuple of lists: compared block by block
+                prev = _convert(groups, prev)
+            rows[rid] = prev
         self._rows = rows
-        return [[ids for _, ids in rows[rid]] for rid in request_ids]
+        return [rows[rid][1] for rid in request_ids]
 
 
-def _convert(blocks: list[Block]) -> tuple[list[Block], GroupIds]:
+def _convert(groups: tuple[list[Block], ...], prev: tuple | None
+             ) -> tuple[tuple[list[Block], ...], list[GroupIds]]:
+    """Copies of `groups` and their ids, reusing the ids of the lists equal to `prev`'s."""
+    old_lists, old_ids = prev if prev is not None else ((), [])
+    ids = [old_ids[g] if g < len(old_lists) and old_lists[g] == blocks else _ids(blocks)
+           for g, blocks in enumerate(groups)]
+    return tuple(list(blocks) for blocks in groups), ids
+
+
+def _ids(blocks: list[Block]) -> GroupIds:
     ids = [b.block_id for b in blocks]
-    return list(blocks), GroupIds(ids, np.array(ids, dtype=np.int32))
+    return GroupIds(ids, np.array(ids, dtype=np.int32))

@@ -28,13 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from hybridkv.kernels.attention_batched import (
-    Tile,
-    attend_group,
-    group_tiles,
-    plan_tiles,
-    query_rows,
-)
+from hybridkv.kernels.attention_batched import Tile, attend_group, group_tiles, plan_tiles
 from hybridkv.kernels.attention_flash import can_use_flash_attention, flash_paged_attention
 
 # Query rows per dense score tile in the torch path: bounds memory at QUERY_TILE x keys per head
@@ -204,15 +198,16 @@ def torch_paged_attention(
         raise ValueError(f"seq_len {plan.max_seq_len} exceeds the block table's capacity of "
                          f"{batch.block_table.shape[1] * block_size} tokens")
     out = torch.empty_like(query)  # [num_tokens, Hq, D]
-    for group, rows in plan.groups:
-        attend_group(query, k_cache, v_cache, batch.block_table, group, rules, sinks, out, rows)
+    for group, memo in plan.groups:
+        attend_group(query, k_cache, v_cache, batch.block_table, group, rules, sinks, out, memo)
     return out
 
 
 class _Plan(NamedTuple):
-    """How the torch path cuts a batch's queries: groups of tiles with their query rows."""
+    """How the torch path cuts a batch's queries: groups of tiles, each with the memo of
+    what `attend_group` derives from it alone."""
 
-    groups: list[tuple[list[Tile], tuple]]
+    groups: list[tuple[list[Tile], dict]]
     max_seq_len: int
 
 
@@ -227,8 +222,8 @@ def _plan(batch: AttentionBatch, rules: MaskRules, block_size: int,
     seq_lens = batch.seq_lens.tolist()
     _check_lengths(starts, seq_lens, query.shape[0], batch.block_table.shape[1] * block_size)
     tiles = plan_tiles(starts, seq_lens, rules, QUERY_TILE, block_size)
-    plan = _Plan([(group, query_rows(group, query.device))
-                  for group in group_tiles(tiles, query.shape[1])], max(seq_lens, default=0))
+    plan = _Plan([(group, {}) for group in group_tiles(tiles, query.shape[1])],
+                 max(seq_lens, default=0))
     if batch.plans is not None:
         batch.plans[key] = plan
     return plan
