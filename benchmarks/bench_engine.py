@@ -97,9 +97,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--hf-requests", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads (0: one per core; 1 is steadier on a shared machine)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     model = build_preset_model(args.preset, seed=args.seed)
     doc, questions = make_workload(args.num_requests, args.doc_len, args.question_len,
                                    model.config.vocab_size, args.seed)
