@@ -252,6 +252,11 @@ class KVCacheManager:
 
     # ---- views and admin -----------------------------------------------------
 
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's blocks, one list per group in token order (the live
+        lists: read them, do not change them)."""
+        return KVCacheBlocks(self.coordinator.get_blocks(request_id))
+
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """One list per group in token order; `null_block_id` where not needed."""
         return tuple([b.block_id for b in blocks]

@@ -10,18 +10,34 @@ internals.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from hybridkv.core.kv_cache_config import KVCacheConfig
 from hybridkv.core.specs import AttentionSpec, MambaSpec
+from hybridkv.engine.block_ids import BlockIdCache
 from hybridkv.engine.kv_memory import allocate_kv_memory
 from hybridkv.engine.scheduler import ScheduledSeq
 from hybridkv.kernels.attention import AttentionBatch
 from hybridkv.kv_cache_manager import KVCacheManager
 from hybridkv.managers.mamba import mamba_state_plan
 from hybridkv.models.mamba_batch import MambaBatch
+
+
+class _StepInputs(NamedTuple):
+    """What every group's metadata of one step is built from."""
+
+    input_ids: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]
+    starts: list[int]  # [S + 1] cumulative new tokens
+    token_seq: np.ndarray  # int64 [T] batch index of each token
+    token_pos: np.ndarray  # int64 [T] position of each token
+    query_start_loc: torch.Tensor  # int32 [S + 1]
+    seq_lens: torch.Tensor  # int32 [S]
+    max_query_len: int
+    max_seq_len: int
 
 
 class ModelExecutor:
@@ -48,6 +64,7 @@ class ModelExecutor:
         runner.bind_kv_cache(self.kv_views)
         self.groups = [(i, g.kv_cache_spec, g.layer_names)
                        for i, g in enumerate(config.kv_cache_groups)]
+        self.block_ids = BlockIdCache()
 
     def poison_blocks(self, block_ids: list[int]) -> None:
         """Fill these blocks with NaN in every layer (see `poison` above)."""
@@ -67,57 +84,70 @@ class ModelExecutor:
     @torch.inference_mode()
     def execute(self, batch: Sequence[ScheduledSeq], kv: KVCacheManager) -> torch.Tensor:
         """Run one step; return float32 logits [num sampling seqs, vocab] in batch order."""
-        block_ids = [kv.get_block_ids(item.seq.request_id) for item in batch]
-        input_ids, positions = self._inputs(batch)
-        starts = [0]
-        for item in batch:
-            starts.append(starts[-1] + item.num_new)
+        rows = self.block_ids.block_ids(kv, [item.seq.request_id for item in batch])
+        step = self._step_inputs(batch)
         attn, mamba = {}, {}
+        plans: dict = {}  # tilings shared by the groups' batches (same starts and lengths)
         for gid, spec, names in self.groups:
-            ids = [b[gid] for b in block_ids]
+            ids = [row[gid] for row in rows]
             if isinstance(spec, AttentionSpec):
-                meta = self._attention_batch(batch, ids, spec.block_size, starts)
+                meta = self._attention_batch(step, [g.array for g in ids], spec.block_size,
+                                             plans)
                 attn.update(dict.fromkeys(names, meta))
             elif isinstance(spec, MambaSpec):
-                mb = self._mamba_batch(batch, ids, spec.block_size, starts, kv.null_block_id)
+                mb = self._mamba_batch(batch, [g.ids for g in ids], spec.block_size,
+                                       step.starts, kv.null_block_id)
                 mamba.update(dict.fromkeys(names, mb))
-        logits_indices = torch.tensor([starts[i + 1] - 1 for i, item in enumerate(batch)
+        logits_indices = torch.tensor([step.starts[i + 1] - 1 for i, item in enumerate(batch)
                                        if item.samples], dtype=torch.long, device=self.device)
         if mamba:
-            return self.runner.forward(input_ids, positions, attn, logits_indices,
+            return self.runner.forward(step.input_ids, step.positions, attn, logits_indices,
                                        mamba_batches=mamba)
-        return self.runner.forward(input_ids, positions, attn, logits_indices)
+        return self.runner.forward(step.input_ids, step.positions, attn, logits_indices)
 
-    def _inputs(self, batch: Sequence[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step_inputs(self, batch: Sequence[ScheduledSeq]) -> _StepInputs:
+        """Tokens, positions and per-sequence counts of a step, built once for all groups."""
         tokens: list[int] = []
-        positions: list[int] = []
         for item in batch:
-            c, n = item.num_computed, item.num_new
-            tokens.extend(item.seq.request.all_token_ids[c:c + n])
-            positions.extend(range(c, c + n))
-        return (torch.tensor(tokens, dtype=torch.long, device=self.device),
-                torch.tensor(positions, dtype=torch.long, device=self.device))
+            c = item.num_computed
+            tokens.extend(item.seq.request.all_token_ids[c:c + item.num_new])
+        num_new = np.array([item.num_new for item in batch], dtype=np.int64)
+        computed = np.array([item.num_computed for item in batch], dtype=np.int64)
+        starts = np.zeros(len(batch) + 1, dtype=np.int64)
+        np.cumsum(num_new, out=starts[1:])
+        token_seq = np.repeat(np.arange(len(batch)), num_new)  # [T] sequence of each token
+        positions = np.arange(starts[-1]) + (computed - starts[:-1])[token_seq]  # [T]
+        seq_lens = computed + num_new
+        dev = self.device
+        return _StepInputs(
+            input_ids=torch.tensor(tokens, dtype=torch.long, device=dev),
+            positions=torch.from_numpy(positions).to(dev),
+            starts=starts.tolist(),
+            token_seq=token_seq,
+            token_pos=positions,
+            query_start_loc=torch.from_numpy(starts.astype(np.int32)).to(dev),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
+            max_query_len=int(num_new.max()),
+            max_seq_len=int(seq_lens.max()),
+        )
 
-    def _attention_batch(self, batch: Sequence[ScheduledSeq], ids: list[list[int]],
-                         block_size: int, starts: list[int]) -> AttentionBatch:
+    def _attention_batch(self, step: _StepInputs, ids: list[np.ndarray], block_size: int,
+                         plans: dict) -> AttentionBatch:
         width = max(len(row) for row in ids)
         table = np.zeros((len(ids), width), dtype=np.int32)  # 0: the null block
         for s, row in enumerate(ids):
             table[s, :len(row)] = row
-        slots: list[int] = []
-        for item, row in zip(batch, ids):
-            c = item.num_computed
-            slots += [row[p // block_size] * block_size + p % block_size
-                      for p in range(c, c + item.num_new)]
-        seq_lens = [item.num_computed + item.num_new for item in batch]
+        pos = step.token_pos
+        slots = table[step.token_seq, pos // block_size] * np.int64(block_size) + pos % block_size
         dev = self.device
         return AttentionBatch(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=step.query_start_loc,
+            seq_lens=step.seq_lens,
             block_table=torch.from_numpy(table).to(dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            max_query_len=max(item.num_new for item in batch),
-            max_seq_len=max(seq_lens),
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            max_query_len=step.max_query_len,
+            max_seq_len=step.max_seq_len,
+            plans=plans,
         )
 
     @staticmethod

@@ -24,10 +24,11 @@ document) are gathered and scored once for the whole group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from hybridkv.kernels.attention_batched import attend_group, group_tiles, plan_tiles
+from hybridkv.kernels.attention_batched import Tile, attend_group, group_tiles, plan_tiles
 from hybridkv.kernels.attention_flash import can_use_flash_attention, flash_paged_attention
 
 # Query rows per dense score tile in the torch path: bounds memory at QUERY_TILE x keys per head
@@ -45,6 +46,10 @@ class AttentionBatch:
     `slot_mapping`: int64 `[num_tokens]`, `block_id * block_size + offset` of each new token.
     `max_query_len` / `max_seq_len`: optional host copies of the maxima, so the GPU path needs no
     device-to-host sync; computed from the tensors when left as None.
+    `plans`: optional cache of the torch path's query tiling, which depends only on
+    `query_start_loc`, `seq_lens` and the mask rules; batches with equal `query_start_loc` and
+    `seq_lens` may share one dict (the engine shares one per step among its groups), so layers
+    with the same rules plan once. None: plan on every call.
     """
 
     query_start_loc: torch.Tensor
@@ -53,6 +58,7 @@ class AttentionBatch:
     slot_mapping: torch.Tensor
     max_query_len: int | None = None
     max_seq_len: int | None = None
+    plans: dict | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -186,15 +192,41 @@ def torch_paged_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The pure-torch path of `paged_attention` (any device): groups of similar query tiles."""
+    block_size = k_cache.shape[1]
+    plan = _plan(batch, rules, block_size, query)
+    if plan.max_seq_len > batch.block_table.shape[1] * block_size:
+        raise ValueError(f"seq_len {plan.max_seq_len} exceeds the block table's capacity of "
+                         f"{batch.block_table.shape[1] * block_size} tokens")
+    out = torch.empty_like(query)  # [num_tokens, Hq, D]
+    for group, memo in plan.groups:
+        attend_group(query, k_cache, v_cache, batch.block_table, group, rules, sinks, out, memo)
+    return out
+
+
+class _Plan(NamedTuple):
+    """How the torch path cuts a batch's queries: groups of tiles, each with the memo of
+    what `attend_group` derives from it alone."""
+
+    groups: list[tuple[list[Tile], dict]]
+    max_seq_len: int
+
+
+def _plan(batch: AttentionBatch, rules: MaskRules, block_size: int,
+          query: torch.Tensor) -> _Plan:
+    """The batch's tiling under `rules`, from `batch.plans` when another layer made it."""
+    key = (rules, block_size, query.shape[0], query.shape[1], query.device)
+    plan = None if batch.plans is None else batch.plans.get(key)
+    if plan is not None:
+        return plan
     starts = batch.query_start_loc.tolist()
     seq_lens = batch.seq_lens.tolist()
-    block_size = k_cache.shape[1]
     _check_lengths(starts, seq_lens, query.shape[0], batch.block_table.shape[1] * block_size)
-    out = torch.empty_like(query)  # [num_tokens, Hq, D]
     tiles = plan_tiles(starts, seq_lens, rules, QUERY_TILE, block_size)
-    for group in group_tiles(tiles, query.shape[1]):
-        attend_group(query, k_cache, v_cache, batch.block_table, group, rules, sinks, out)
-    return out
+    plan = _Plan([(group, {}) for group in group_tiles(tiles, query.shape[1])],
+                 max(seq_lens, default=0))
+    if batch.plans is not None:
+        batch.plans[key] = plan
+    return plan
 
 
 def _check_tensors(query, k_cache, v_cache, sinks) -> None:

@@ -56,6 +56,16 @@ class Tile(NamedTuple):
         return self.first_pos + self.num_queries
 
 
+class _RunLayout(NamedTuple):
+    """Which cache slots a group's tiles read; depends on the tiles, not on the block table."""
+
+    seq: torch.Tensor  # [N, 1] sequence of each tile
+    columns: torch.Tensor  # [N, C] block-table columns gathered, in order
+    positions: torch.Tensor  # [N, L] key position held by each slot
+    valid: torch.Tensor | None  # [N, L] slot holds a key of the tile; None: every slot does
+    invalid: torch.Tensor | None  # flat indices of the other slots into N * L
+
+
 class _RunKeys(NamedTuple):
     key: torch.Tensor  # [N, L, Hkv, D] float32, zero in invalid slots
     value: torch.Tensor  # [N, L, Hkv, D]
@@ -113,14 +123,26 @@ def group_tiles(tiles: list[Tile], num_heads: int) -> list[list[Tile]]:
 
 
 def attend_group(query, k_cache, v_cache, block_table, tiles: list[Tile], rules: MaskRules,
-                 sinks, out: torch.Tensor) -> None:
-    """Attention of one group of tiles, written into `out` `[num_tokens, Hq, D]` in place."""
+                 sinks, out: torch.Tensor, memo: dict | None = None) -> None:
+    """Attention of one group of tiles, written into `out` `[num_tokens, Hq, D]` in place.
+
+    `memo`: a dict kept with the tiles, filled with what depends only on them, the rules and
+    the block size (query rows, key layouts, masks), so that layers sharing the tiling reuse it.
+    """
     # query: [num_tokens, Hq, D]; caches: [num_blocks, B, Hkv, D]; block_table: [S, max_blocks]
-    rows, q_pos, real = _query_rows(tiles, query.device)  # [N, Q] each
+    memo = {} if memo is None else memo
+    if "rows" not in memo:
+        memo["rows"] = _query_rows(tiles, query.device)
+    rows, q_pos, real = memo["rows"]  # [N, Q] each
     fused = rules.softcap is None and sinks is None and rows.shape[1] > 1
     shared = 0 if fused else _shared_prefix_blocks(block_table, tiles)
-    keys = _gather_run(k_cache, v_cache, block_table, tiles, shared * k_cache.shape[1])
-    mask = _mask(q_pos, keys, rules)  # [N, Q, L] or None
+    if shared not in memo:
+        layout = _run_layout(tiles, shared * k_cache.shape[1], k_cache.shape[1], query.device)
+        mask = _mask(q_pos, layout, rules)  # [N, Q, L] or None
+        # the fused path takes the mask as an additive bias [N, 1, Q, L]
+        memo[shared] = layout, torch.where(mask, 0.0, float("-inf"))[:, None] if fused else mask
+    layout, mask = memo[shared]
+    keys = _gather_run(k_cache, v_cache, block_table, layout)
     q = query[rows].float()  # [N, Q, Hq, D]
     if fused:
         result = _fused_attention(q, keys, mask, rules.scale)
@@ -160,9 +182,8 @@ def _shared_prefix_blocks(block_table, tiles: list[Tile]) -> int:
     return int(same.cumprod(0).sum())
 
 
-def _gather_run(k_cache, v_cache, block_table, tiles: list[Tile], run_floor: int) -> _RunKeys:
+def _run_layout(tiles: list[Tile], run_floor: int, block_size: int, device) -> _RunLayout:
     # each tile's sinks and the part of its run from run_floor on, in whole blocks
-    block_size, device = k_cache.shape[1], block_table.device
     starts = [max(t.first_key, run_floor) for t in tiles]
     sink_blocks = -(-max(t.num_sinks for t in tiles) // block_size)
     run_blocks = max((t.end - 1) // block_size - s // block_size + 1 for t, s in zip(tiles, starts))
@@ -170,17 +191,25 @@ def _gather_run(k_cache, v_cache, block_table, tiles: list[Tile], run_floor: int
                         device=device)
     seq, start, end, num_sinks = meta.unbind(1)  # [N] each
     columns = _block_columns(start, end, block_size, sink_blocks, run_blocks)  # [N, C]
-    key, value = _gather_blocks(k_cache, v_cache, block_table[seq[:, None], columns].long())
     slot = torch.arange((sink_blocks + run_blocks) * block_size, device=device)  # [L]
     positions, valid = _slot_positions(slot, start, end, num_sinks, sink_blocks * block_size,
                                        block_size)  # [N, L] each
     num_keys = sum(t.num_sinks + t.end - s for t, s in zip(tiles, starts))
     if num_keys == valid.numel():
-        return _RunKeys(key, value, positions, None)
+        return _RunLayout(seq[:, None], columns, positions, None, None)
     invalid = (~valid).flatten().nonzero().squeeze(1)  # indices into N * L
-    for gathered in (key, value):  # [N * L, Hkv * D] views
-        gathered.view(-1, gathered.shape[2] * gathered.shape[3]).index_fill_(0, invalid, 0.0)
-    return _RunKeys(key, value, positions, valid)
+    return _RunLayout(seq[:, None], columns, positions, valid, invalid)
+
+
+def _gather_run(k_cache, v_cache, block_table, layout: _RunLayout) -> _RunKeys:
+    # the K/V of a layout's slots, zero where a slot holds no key of its tile
+    key, value = _gather_blocks(k_cache, v_cache,
+                                block_table[layout.seq, layout.columns].long())
+    if layout.invalid is not None:
+        for gathered in (key, value):  # [N * L, Hkv * D] views
+            gathered.view(-1, gathered.shape[2] * gathered.shape[3]).index_fill_(
+                0, layout.invalid, 0.0)
+    return _RunKeys(key, value, layout.positions, layout.valid)
 
 
 def _block_columns(start, end, block_size, num_sink_blocks, num_run_blocks) -> torch.Tensor:
@@ -221,16 +250,16 @@ def _slot_positions(slot, start, end, num_sinks, sink_slots, block_size):
     return positions, torch.where(is_sink_slot, slot < num_sinks[:, None], in_run)
 
 
-def _mask(q_pos, keys: _RunKeys, rules: MaskRules) -> torch.Tensor | None:
+def _mask(q_pos, layout: _RunLayout, rules: MaskRules) -> torch.Tensor | None:
     # q_pos: [N, Q] -> [N, Q, L]; a lone query sees every key of its tile, so only validity counts
     if q_pos.shape[1] == 1:
-        return None if keys.valid is None else keys.valid[:, None]
-    allowed = rules.allows(q_pos[:, :, None], keys.positions[:, None, :])  # [N, Q, L]
-    return allowed if keys.valid is None else allowed & keys.valid[:, None]
+        return None if layout.valid is None else layout.valid[:, None]
+    allowed = rules.allows(q_pos[:, :, None], layout.positions[:, None, :])  # [N, Q, L]
+    return allowed if layout.valid is None else allowed & layout.valid[:, None]
 
 
-def _fused_attention(q, keys: _RunKeys, mask, scale: float) -> torch.Tensor:
-    # q: [N, Q, Hq, D]; keys: [N, L, Hkv, D]; mask: [N, Q, L] -> [N, Q, Hq, D]
+def _fused_attention(q, keys: _RunKeys, bias, scale: float) -> torch.Tensor:
+    # q: [N, Q, Hq, D]; keys: [N, L, Hkv, D]; bias: [N, 1, Q, L] float32 -> [N, Q, Hq, D]
     key, value = keys.key.transpose(1, 2), keys.value.transpose(1, 2)  # [N, Hkv, L, D] views
     group = q.shape[2] // key.shape[1]
     options = {}
@@ -238,7 +267,6 @@ def _fused_attention(q, keys: _RunKeys, mask, scale: float) -> torch.Tensor:
         options["enable_gqa"] = True
     elif group > 1:
         key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
-    bias = torch.where(mask, 0.0, float("-inf"))[:, None]  # [N, 1, Q, L] float32
     out = F.scaled_dot_product_attention(q.transpose(1, 2), key, value, attn_mask=bias,
                                          scale=scale, **options)  # [N, Hq, Q, D]
     return out.transpose(1, 2)
