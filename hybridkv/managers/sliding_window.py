@@ -87,28 +87,25 @@ class SlidingWindowManager(SingleTypeManager):
     def rate_released(self, request: Request, blocks: list[Block], start: int,
                       end: int) -> None:
         bs, need, null = self.block_size, self.spec.num_window_blocks, self.null_block
-        junction = request.num_shared_prefix_tokens // bs
-        j_lo, j_hi = max(junction - need, start), min(junction, end)
-        if self.rate_low_value:
-            # positions inside the window before some anchor, or before a stop in
-            # the prompt's tail, keep their rating; the junction's window is rated
-            # below; every other position is low value
-            tail = request.num_prompt_tokens // bs
-            keep = [(max(a // bs - need, start), min(a // bs, end)) for a in self.anchors(request)]
-            keep.append((max(tail - need - self.tail_margin_tokens // bs, start), min(tail, end)))
-            keep.append((j_lo, j_hi))
-            keep.sort()
-            i = start
-            for lo, hi in keep + [(end, end)]:
-                for k in range(i, min(lo, end)):
-                    block = blocks[k]
-                    if block is not null:
-                        block.value_hint = LOW_VALUE
-                i = max(i, min(lo, end), hi)
-        for k in range(j_lo, j_hi):
-            block = blocks[k]
-            if block is not null:
-                block.value_hint = JUNCTION
+        shared, prompt, computed = (a // bs for a in self.anchors(request))
+        j_lo = shared - need  # the window of the junction: rated a junction
+        # kept as they are: the windows of the stops in the prompt's tail (which hold
+        # the prompt end's) and the window of the request's end; the rest is low value
+        t_lo = prompt - need - self.tail_margin_tokens // bs
+        c_lo = computed - need
+        rate_low = self.rate_low_value
+        # positions between the kept head (sink blocks) and the skipped ones are null
+        head = min(end, self.num_kept_head_blocks)
+        skipped = self.num_skipped.get(request.request_id, head)
+        for lo, hi in ((start, head), (max(start, skipped, head), end)):
+            for i in range(lo, hi):
+                block = blocks[i]
+                if block is null:
+                    continue
+                if j_lo <= i < shared:
+                    block.value_hint = JUNCTION
+                elif rate_low and not (t_lo <= i < prompt or c_lo <= i < computed):
+                    block.value_hint = LOW_VALUE
 
     def max_quiet_computed(self, request: Request) -> int:
         # (c - W + 1) // B <= start  <=>  c <= (start + 1) * B + W - 2
