@@ -63,15 +63,22 @@ def ttft(model, doc, questions, args) -> dict:
 
 
 def throughput(model, doc, questions, args) -> dict:
+    """Requests/s with caching on and off: medians of `--throughput-repeats` runs of
+    each, alternated (a single sub-second run is at the mercy of the machine)."""
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
     prompts = [doc + q for q in questions]
     out = {}
+    runs: dict[bool, list[float]] = {True: [], False: []}
+    hit_rate = {}
+    for _ in range(args.throughput_repeats):
+        for caching in (True, False):
+            llm = LLM(model, enable_prefix_caching=caching, block_size=args.block_size,
+                      max_num_batched_tokens=args.chunk, max_num_seqs=args.max_num_seqs)
+            runs[caching].append(len(prompts) / timed_generate(llm, prompts, params))
+            hit_rate[caching] = llm.stats.prefix_hit_rate
     for caching in (True, False):
-        llm = LLM(model, enable_prefix_caching=caching, block_size=args.block_size,
-                  max_num_batched_tokens=args.chunk, max_num_seqs=args.max_num_seqs)
-        seconds = timed_generate(llm, prompts, params)
-        out["on" if caching else "off"] = {"requests_per_s": len(prompts) / seconds,
-                                           "hit_rate": llm.stats.prefix_hit_rate}
+        out["on" if caching else "off"] = {"requests_per_s": statistics.median(runs[caching]),
+                                           "runs": runs[caching], "hit_rate": hit_rate[caching]}
     hf_n = min(args.hf_requests, len(prompts))
     t0 = time.perf_counter()
     for p in prompts[:hf_n]:
@@ -95,6 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--chunk", type=int, default=4096, help="max tokens per step")
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--throughput-repeats", type=int, default=3)
     ap.add_argument("--hf-requests", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0,
