@@ -124,9 +124,9 @@ def register_eviction_policy(name: str, policy_class: type[EvictionPolicy]) -> N
 
 
 def make_eviction_policy(name: str, blocks: Iterable[Block]) -> EvictionPolicy:
+    """The policy registered as `name`, holding `blocks` as free; ValueError if unknown."""
     from hybridkv.core import hybrid_eviction  # noqa: F401  registers "hybrid"
 
-    """The policy registered as `name`, holding `blocks` as free; ValueError if unknown."""
     if name not in EVICTION_POLICIES:
         raise ValueError(f"eviction_policy: unknown policy {name!r}; "
                          f"use one of {sorted(EVICTION_POLICIES)}")
