@@ -41,16 +41,6 @@ EMPTY, LOW_VALUE, FRESH, HIT_ONCE, HIT_OFTEN = range(5)
 AGE_EVERY = 8
 
 
-def tier_of(block: Block) -> int:
-    """The tier a block joins when its last holder releases it."""
-    if block.block_hash is None:
-        return EMPTY
-    hint = block.value_hint
-    if hint < 0:  # data that was hit proved its value whatever the hint says
-        return LOW_VALUE if block.num_hits == 0 else FRESH + min(block.num_hits, 2)
-    return FRESH + min(block.num_hits + hint, 2)
-
-
 class HybridPolicy(EvictionPolicy):
     """Tiered free queue: empty, low value, fresh (newest first), hit once, hit often.
 
@@ -81,7 +71,10 @@ class HybridPolicy(EvictionPolicy):
         tiers = self._tiers
         empty, low = tiers[EMPTY], tiers[LOW_VALUE]
         count = 0
-        for block in blocks:  # tier_of, inlined
+        # a released block's tier: empty if it caches nothing; low value if rated so
+        # and never hit (data that was hit proved its value whatever the rating);
+        # else by hits, a junction rating counting as one more
+        for block in blocks:
             count += 1
             if block.block_hash is None:
                 block.queue_slot = EMPTY

@@ -31,7 +31,7 @@ from hybridkv.kernels.conv1d import SpanOutput, check_emit_positions
 TIME_SLAB = 256
 
 
-def _expect(name: str, tensor: torch.Tensor | None, shape: tuple[int, ...]) -> None:
+def expect_shape(name: str, tensor: torch.Tensor | None, shape: tuple[int, ...]) -> None:
     if tensor is not None and tuple(tensor.shape) != shape:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
 
@@ -134,7 +134,7 @@ def selective_scan_fn(
     for name, t, shape in (("delta", delta, u.shape), ("z", z, u.shape), ("D", D, (dim,)),
                            ("delta_bias", delta_bias, (dim,)),
                            ("initial_state", initial_state, (batch, dim, dstate))):
-        _expect(name, t, tuple(shape))
+        expect_shape(name, t, tuple(shape))
     positions = check_emit_positions(emit_positions, seqlen)
     Bg = _grouped("B", B, batch, dim, dstate, seqlen)
     Cg = _grouped("C", C, batch, dim, dstate, seqlen)
@@ -172,7 +172,7 @@ def _check_update_shapes(state, x, dt, A, B, C, D, z, dt_bias) -> None:
                            ("A", A, (nheads, headdim, dstate)), ("D", D, (nheads, headdim)),
                            ("z", z, (batch, nheads, headdim)),
                            ("dt_bias", dt_bias, (nheads, headdim))):
-        _expect(name, t, shape)
+        expect_shape(name, t, shape)
     for name, M in (("B", B), ("C", C)):
         if M.dim() != 3 or M.shape[0] != batch or M.shape[2] != dstate:
             raise ValueError(f"{name} must be [batch={batch}, groups, dstate={dstate}], "

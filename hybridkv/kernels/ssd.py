@@ -27,14 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from hybridkv.kernels.conv1d import SpanOutput, check_emit_positions
-from hybridkv.kernels.selective_scan import selective_state_update
+from hybridkv.kernels.selective_scan import expect_shape, selective_state_update
 
 NO_LIMIT = (0.0, math.inf)
 
-
-def _expect(name: str, tensor: torch.Tensor | None, shape: tuple[int, ...]) -> None:
-    if tensor is not None and tuple(tensor.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
 
 
 def _check_D(D: torch.Tensor | None, nheads: int, headdim: int) -> None:
@@ -59,7 +55,7 @@ def _check_scan_shapes(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
                            ("C", C, tuple(B.shape)), ("z", z, tuple(x.shape)),
                            ("dt_bias", dt_bias, (nheads,)),
                            ("initial_states", initial_states, (batch, nheads, headdim, dstate))):
-        _expect(name, t, shape)
+        expect_shape(name, t, shape)
     _check_D(D, nheads, headdim)
 
 
@@ -271,7 +267,7 @@ def per_channel_decode_args(state, x, dt, A, D, dt_bias, dt_softplus, dt_limit):
     batch, nheads, headdim, dstate = state.shape
     for name, t, shape in (("x", x, (batch, nheads, headdim)), ("dt", dt, (batch, nheads)),
                            ("A", A, (nheads,)), ("dt_bias", dt_bias, (nheads,))):
-        _expect(name, t, shape)
+        expect_shape(name, t, shape)
     _check_D(D, nheads, headdim)
     dt = discretize_dt(dt, dt_bias, dt_softplus, dt_limit)[..., None].expand(-1, -1, headdim)
     A = A.float()[:, None, None].expand(nheads, headdim, dstate)

@@ -37,8 +37,6 @@ from hybridkv.models.mamba_mixer import (
     mamba_conv,
 )
 
-CONV_ACTIVATIONS = ("silu", "swish")
-
 
 class JambaRunner(HybridRunner):
     """Jamba decoder over paged attention KV and Mamba state blocks."""
@@ -46,15 +44,7 @@ class JambaRunner(HybridRunner):
     model_type = "jamba"
 
     def layer_kinds(self) -> list[str]:
-        kinds = {"attention": ATTENTION, "mamba": MAMBA}
-        block_types = list(self.config.layers_block_type)
-        unknown = sorted(set(block_types) - set(kinds))
-        if unknown:
-            raise ValueError(f"jamba: layer types {unknown} are not supported")
-        if self.config.hidden_act not in CONV_ACTIVATIONS:
-            raise ValueError(f"jamba: hidden_act {self.config.hidden_act!r} is not supported in "
-                             f"the Mamba conv; supported: {CONV_ACTIVATIONS}")
-        return [kinds[block_type] for block_type in block_types]
+        return self.block_kinds({"attention": ATTENTION, "mamba": MAMBA}, "hidden_act")
 
     def build_mamba_layer(self, index: int) -> MambaLayer:
         mixer = self.decoder.layers[index].mamba

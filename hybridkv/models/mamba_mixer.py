@@ -228,6 +228,10 @@ class HybridStep(NamedTuple):
     mamba_batches: Mapping[str, MambaBatch]
 
 
+# activations the causal conv of a Mamba mixer takes
+CONV_ACTIVATIONS = ("silu", "swish")
+
+
 class HybridRunner(ModelRunner):
     """Runner base for decoders of attention, Mamba and cache-free feed-forward layers.
 
@@ -242,6 +246,20 @@ class HybridRunner(ModelRunner):
     @abstractmethod
     def layer_kinds(self) -> list[str]:
         """ATTENTION, MAMBA or FFN for each decoder layer."""
+
+    def block_kinds(self, kinds: Mapping[str, str], conv_act_field: str) -> list[str]:
+        """`layer_kinds` from `config.layers_block_type` mapped by `kinds`; ValueError
+        naming an unsupported block type or Mamba conv activation (`conv_act_field`)."""
+        family = self.model_type
+        block_types = list(self.config.layers_block_type)
+        unknown = sorted(set(block_types) - set(kinds))
+        if unknown:
+            raise ValueError(f"{family}: layer types {unknown} are not supported")
+        act = getattr(self.config, conv_act_field)
+        if act not in CONV_ACTIVATIONS:
+            raise ValueError(f"{family}: {conv_act_field} {act!r} is not supported in the Mamba "
+                             f"conv; supported: {CONV_ACTIVATIONS}")
+        return [kinds[block_type] for block_type in block_types]
 
     @abstractmethod
     def build_mamba_layer(self, index: int) -> MambaLayer:

@@ -36,7 +36,6 @@ from hybridkv.models.mamba_mixer import (
 )
 
 BLOCK_KINDS = {"linear_attention": MAMBA, "full_attention": ATTENTION, "mlp": FFN, "moe": FFN}
-CONV_ACTIVATIONS = ("silu", "swish")
 
 
 class NemotronHRunner(HybridRunner):
@@ -45,14 +44,7 @@ class NemotronHRunner(HybridRunner):
     model_type = "nemotron_h"
 
     def layer_kinds(self) -> list[str]:
-        block_types = list(self.config.layers_block_type)
-        unknown = sorted(set(block_types) - set(BLOCK_KINDS))
-        if unknown:
-            raise ValueError(f"nemotron_h: block types {unknown} are not supported")
-        if self.config.mamba_hidden_act not in CONV_ACTIVATIONS:
-            raise ValueError(f"nemotron_h: mamba_hidden_act {self.config.mamba_hidden_act!r} is "
-                             f"not supported in the Mamba conv; supported: {CONV_ACTIVATIONS}")
-        return [BLOCK_KINDS[block_type] for block_type in block_types]
+        return self.block_kinds(BLOCK_KINDS, "mamba_hidden_act")
 
     def build_mamba_layer(self, index: int) -> MambaLayer:
         mixer = self.decoder.layers[index].mixer

@@ -1,5 +1,6 @@
 """Which released blocks a group rates low value, and what that means for later hits."""
 
+import itertools
 import warnings
 
 from hybridkv import (
@@ -16,6 +17,7 @@ from hybridkv.managers.mamba import MambaManager
 from hybridkv.managers.sliding_window import SlidingWindowManager
 
 B = 4
+_ids = itertools.count()
 
 
 def manager(side_spec, num_blocks=400):
@@ -26,7 +28,7 @@ def manager(side_spec, num_blocks=400):
 
 def run(mgr, tokens, num_prompt=None):
     """Compute a request to its end in one step and free it; return its hit."""
-    req = Request(f"r{len(mgr._requests)}-{tokens[0]}-{len(tokens)}", tokens[:num_prompt])
+    req = Request(f"r{next(_ids)}", tokens[:num_prompt])
     blocks, n = mgr.get_computed_blocks(req)
     assert mgr.allocate_slots(req, req.num_tokens - n, n, blocks if n else None) is not None
     req.num_computed_tokens = req.num_tokens
