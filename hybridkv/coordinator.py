@@ -116,11 +116,15 @@ class HybridCoordinator:
         return need
 
     def allocate(self, request: Request, num_computed_tokens: int, num_tokens: int,
-                 hit: GroupBlocks | None) -> GroupBlocks:
-        """Release skipped blocks or adopt the hit in every group, then allocate."""
+                 hit: GroupBlocks | None, releases: bool = True) -> GroupBlocks:
+        """Release skipped blocks or adopt the hit in every group, then allocate.
+
+        `releases=False`: the caller knows no group releases a block at
+        `num_computed_tokens` (below the request's `quiet_computed`).
+        """
         managers = self.managers
         if hit is None:
-            for m in self._skipping:
+            for m in self._skipping if releases else ():
                 m.remove_skipped_blocks(request, num_computed_tokens)
         else:
             for m, h in zip(managers, hit):

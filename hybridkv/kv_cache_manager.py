@@ -173,7 +173,8 @@ class KVCacheManager:
                     if num_tokens <= request.quiet_tokens and computed <= request.quiet_computed:
                         return self._no_blocks  # fast path: an allocation that changes nothing
                     if type(num_new_computed_tokens) is int:
-                        return self._allocate(request, computed, num_tokens, None)
+                        return self._allocate(request, computed, num_tokens, None,
+                                              computed > request.quiet_computed)
         num_tokens = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                             new_computed_blocks)
         hit = new_computed_blocks.blocks if num_new_computed_tokens else None  # type: ignore
@@ -185,13 +186,16 @@ class KVCacheManager:
         return blocks
 
     def _allocate(self, request: Request, computed: int, num_tokens: int,
-                  hit: GroupBlocks | None) -> KVCacheBlocks | None:
-        """Check, then commit, an allocation the caller has validated."""
+                  hit: GroupBlocks | None, releases: bool = True) -> KVCacheBlocks | None:
+        """Check, then commit, an allocation the caller has validated.
+
+        `releases=False` when the request's own limits show no group
+        releases a block at `computed`."""
         coordinator = self.coordinator
         if coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit) > \
                 len(self.pool.free_queue):
             return None
-        new_blocks = coordinator.allocate(request, computed, num_tokens, hit)
+        new_blocks = coordinator.allocate(request, computed, num_tokens, hit, releases)
         hashes = request.block_hashes(self.hash_algo, self.hash_block_size) \
             if self.enable_caching else None
         coordinator.cache_blocks_and_limits(request, hashes, num_tokens)

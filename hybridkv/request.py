@@ -21,7 +21,7 @@ class Request:
     ids that are not ints in [0, 2**32), or malformed keys.
     """
 
-    __slots__ = ("request_id", "prompt_token_ids", "all_token_ids", "num_computed_tokens",
+    __slots__ = ("request_id", "all_token_ids", "num_computed_tokens",
                  "cache_salt", "lora_name", "mm_hashes", "max_tokens", "hasher",
                  "num_prompt_tokens", "num_shared_prefix_tokens", "quiet_owner",
                  "quiet_tokens", "quiet_computed")
@@ -32,13 +32,14 @@ class Request:
                  max_tokens: int | None = None) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
-        if isinstance(prompt_token_ids, str | bytes) or not isinstance(prompt_token_ids, Sequence):
+        if type(prompt_token_ids) is not list and (isinstance(prompt_token_ids, str | bytes)
+                                                   or not isinstance(prompt_token_ids, Sequence)):
             raise ValueError(f"prompt_token_ids must be a sequence of ints, "
                              f"got {type(prompt_token_ids).__name__}")
         if len(prompt_token_ids) == 0:
             raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
-        self.prompt_token_ids = list(prompt_token_ids)
-        check_token_ids(self.prompt_token_ids)
+        self.all_token_ids = list(prompt_token_ids)  # the prompt, then the output
+        check_token_ids(self.all_token_ids)
         if cache_salt is not None and not isinstance(cache_salt, str | bytes):
             raise ValueError(f"cache_salt must be str or bytes, got {type(cache_salt).__name__}")
         if lora_name is not None and not isinstance(lora_name, str):
@@ -47,8 +48,7 @@ class Request:
                                        or not isinstance(max_tokens, int) or max_tokens < 1):
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         self.request_id = request_id
-        self.all_token_ids = list(self.prompt_token_ids)
-        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.all_token_ids)
         self.num_computed_tokens = 0
         self.cache_salt = cache_salt
         self.lora_name = lora_name
@@ -63,6 +63,10 @@ class Request:
         self.quiet_owner: object = None
         self.quiet_tokens = 0
         self.quiet_computed = 0
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.all_token_ids[:self.num_prompt_tokens]
 
     @property
     def num_tokens(self) -> int:

@@ -114,8 +114,12 @@ class SingleTypeManager(ABC):
         end = min(self.num_skipped_blocks(request, num_computed_tokens), len(blocks))
         if end <= start:
             return 0
-        null = self.null_block
-        return sum(1 for b in blocks[start:end] if b is not null and b.ref_cnt == 1)
+        null, freed = self.null_block, 0
+        for i in range(start, end):
+            block = blocks[i]
+            if block.ref_cnt == 1 and block is not null:
+                freed += 1
+        return freed
 
     # ---- commit --------------------------------------------------------------
 

@@ -120,14 +120,15 @@ class MambaManager(SingleTypeManager):
                       end: int) -> None:
         bs, grid, null = self.block_size, self.prime_interval, self.null_block
         junction = request.num_shared_prefix_tokens // bs
-        ends = {a // bs for a in self.anchors(request)}
+        shared, prompt, computed = self.anchors(request)
+        ends = (shared // bs, prompt // bs, computed // bs)
         for i in range(start, min(end, len(blocks) - 1)):  # the live block caches nothing
             block = blocks[i]
             if block is null:
                 continue
             if i + 1 == junction:
                 block.value_hint = JUNCTION
-            elif i + 1 not in ends and (i + 1) % grid:
+            elif (i + 1) % grid and i + 1 not in ends:
                 block.value_hint = LOW_VALUE
             else:  # one block completes a whole reusable prefix: protect it like a hit one
                 block.value_hint = JUNCTION

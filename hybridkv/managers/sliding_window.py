@@ -87,7 +87,8 @@ class SlidingWindowManager(SingleTypeManager):
     def rate_released(self, request: Request, blocks: list[Block], start: int,
                       end: int) -> None:
         bs, need, null = self.block_size, self.spec.num_window_blocks, self.null_block
-        shared, prompt, computed = (a // bs for a in self.anchors(request))
+        shared, prompt, computed = self.anchors(request)
+        shared, prompt, computed = shared // bs, prompt // bs, computed // bs
         j_lo = shared - need  # the window of the junction: rated a junction
         # kept as they are: the windows of the stops in the prompt's tail (which hold
         # the prompt end's) and the window of the request's end; the rest is low value

@@ -98,7 +98,7 @@ def test_checks_hold_for_every_eviction_policy():
         run_hybrid_conformance(random_mix, num_cases=1, eviction_policy="no such policy")
 
 
-def allocate_group_by_group(self, request, num_computed_tokens, num_tokens, hit):
+def allocate_group_by_group(self, request, num_computed_tokens, num_tokens, hit, releases=True):
     """A broken coordinator step: adopts each group's hit just before that group
     takes new blocks, so an earlier group can take a later group's hit block."""
     new_blocks = []
