@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 EMPTY, LOW_VALUE, FRESH, HIT_ONCE, HIT_OFTEN = range(5)
 AGE_EVERY = 8
+# tiers kept as stacks (the end of the dict is taken first: new blocks go on top);
+# the others are queues (the front is taken first, new blocks join at the end)
+STACKS = (EMPTY, FRESH)
 
 
 class HybridPolicy(EvictionPolicy):
@@ -49,19 +52,19 @@ class HybridPolicy(EvictionPolicy):
 
     def __init__(self, blocks: Iterable[Block] = ()) -> None:
         self._tiers: list[OrderedDict[Block, None]] = [OrderedDict() for _ in range(5)]
-        self._num_free = 0
         self._num_taken = 0
-        for block in blocks:
+        initial = list(blocks)
+        for block in reversed(initial):  # a stack: the first given on top
             self._tiers[EMPTY][block] = None
             block.queue_slot = EMPTY
-            self._num_free += 1
+        self._num_free = len(initial)
 
     def __len__(self) -> int:
         return self._num_free
 
     def __iter__(self) -> Iterator[Block]:
-        for tier in self._tiers:
-            yield from tier
+        for t, tier in enumerate(self._tiers):
+            yield from reversed(tier) if t in STACKS else tier
 
     def __contains__(self, block: Block) -> bool:
         return block.queue_slot >= 0 and block in self._tiers[block.queue_slot]
@@ -79,7 +82,6 @@ class HybridPolicy(EvictionPolicy):
             if block.block_hash is None:
                 block.queue_slot = EMPTY
                 empty[block] = None
-                empty.move_to_end(block, last=False)
                 continue
             hits, hint = block.num_hits, block.value_hint
             if hint < 0 and not hits:
@@ -95,10 +97,9 @@ class HybridPolicy(EvictionPolicy):
                 block.queue_slot = t
                 tiers[t][block] = None
         self._num_free += count
-        queue = tiers[FRESH]
+        stack = tiers[FRESH]
         for block in reversed(fresh):  # the whole release goes first, its tail first
-            queue[block] = None
-            queue.move_to_end(block, last=False)
+            stack[block] = None
 
     def remove(self, block: Block) -> None:
         del self._tiers[block.queue_slot][block]
@@ -110,7 +111,7 @@ class HybridPolicy(EvictionPolicy):
         if num_blocks == 1:  # the common decode case
             for t, tier in enumerate(tiers):
                 if tier:
-                    block = tier.popitem(last=False)[0]
+                    block = tier.popitem(t in STACKS)[0]
                     block.queue_slot = -1
                     self._num_free -= 1
                     if t == FRESH:
@@ -121,8 +122,8 @@ class HybridPolicy(EvictionPolicy):
         out: list[Block] = []
         while len(out) < num_blocks:  # from the lowest non-empty tier (aging may refill one)
             t = next(i for i, tier in enumerate(tiers) if tier)
-            pop = tiers[t].popitem
-            taken = [pop(last=False)[0] for _ in range(min(num_blocks - len(out), len(tiers[t])))]
+            pop, top = tiers[t].popitem, t in STACKS
+            taken = [pop(top)[0] for _ in range(min(num_blocks - len(out), len(tiers[t])))]
             for block in taken:
                 block.queue_slot = -1
             out += taken
@@ -140,7 +141,10 @@ class HybridPolicy(EvictionPolicy):
         for t in (HIT_ONCE, HIT_OFTEN):
             if tiers[t]:
                 block = tiers[t].popitem(last=False)[0]
-                tiers[t - 1][block] = None  # the back of the tier below: taken last there
+                below = tiers[t - 1]
+                below[block] = None  # the back of the tier below: taken last there
+                if t - 1 in STACKS:
+                    below.move_to_end(block, last=False)
                 block.queue_slot = t - 1
 
     def hint_changed(self, block: Block) -> None:
@@ -149,8 +153,7 @@ class HybridPolicy(EvictionPolicy):
 
     def uncache(self, block: Block) -> None:
         del self._tiers[block.queue_slot][block]
-        self._tiers[EMPTY][block] = None
-        self._tiers[EMPTY].move_to_end(block, last=False)
+        self._tiers[EMPTY][block] = None  # on top: reused first
         block.queue_slot = EMPTY
 
 
