@@ -107,21 +107,24 @@ class BlockPool:
                              f"{len(self.free_queue)} are free")
         blocks = self.free_queue.take(num_blocks)
         assert len(blocks) == num_blocks, "the eviction policy returned too few blocks"
-        cached, evictions = self.cached, self.group_evictions
+        cached, evictions, subscribers = self.cached, self.group_evictions, self._subscribers
+        normal, evicted = NORMAL_VALUE, 0
         for block in blocks:
             block_hash = block.block_hash
             if block_hash is not None:
-                evictions[block.group_id] += 1
-                self.num_evictions += 1
-                if self._subscribers:
+                group_id = block.group_id
+                evictions[group_id] += 1
+                evicted += 1
+                if subscribers:
                     self._drop_hash(block)
                 else:
-                    del cached[block.group_id][block_hash]
+                    del cached[group_id][block_hash]
                     block.block_hash = None
                     block.group_id = -1
             block.ref_cnt = 1
             block.num_hits = 0
-            block.value_hint = NORMAL_VALUE
+            block.value_hint = normal
+        self.num_evictions += evicted
         if self._stale_listeners:
             self._notify_stale(blocks)
         return blocks
