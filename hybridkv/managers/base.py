@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from itertools import chain
 from typing import ClassVar
 
 from hybridkv.core.block_pool import Block, BlockPool
@@ -266,17 +267,34 @@ class SingleTypeManager(ABC):
         tokens in chunks of at most `max_chunk_tokens` (with no hit)."""
         return -(-num_tokens // self.block_size)
 
+    def retained(self, request_id: str) -> list[Block]:
+        """Blocks held for the request that its list no longer shows: data a type
+        keeps until the request ends (Mamba states, see MambaManager)."""
+        return []
+
+    def num_releasable_retained(self) -> int:
+        """How many blocks `release_retained` would return to the free queue."""
+        return 0
+
+    def release_retained(self) -> None:  # noqa: B027
+        """Return every request's retained blocks (they stay cached): the pool
+        could not otherwise supply an allocation."""
+
     def holders(self) -> list[Block]:
         """Every block reference the requests of this group hold."""
         null = self.null_block
-        return [b for blocks in self.req_to_blocks.values() for b in blocks if b is not null]
+        held = [b for blocks in self.req_to_blocks.values() for b in blocks if b is not null]
+        for rid in self.req_to_blocks:
+            held += self.retained(rid)
+        return held
 
     def check_integrity(self) -> None:
         """Assert this group's invariants (one holder per block per request)."""
         for rid, blocks in self.req_to_blocks.items():
-            ids = [b.block_id for b in blocks if b is not self.null_block]
+            retained = self.retained(rid)
+            ids = [b.block_id for b in chain(blocks, retained) if b is not self.null_block]
             assert len(ids) == len(set(ids)), f"{rid} holds a block twice in group {self.group_id}"
-            for b in blocks:
+            for b in chain(blocks, retained):
                 assert b is self.null_block or b.ref_cnt > 0, f"{rid} holds free {b}"
             start = self.num_skipped.get(rid, self.num_kept_head_blocks)
             assert all(b is self.null_block for b in blocks[self.num_kept_head_blocks:start]), \
