@@ -36,6 +36,8 @@ class SingleTypeManager(ABC):
     downward_closed: ClassVar[bool] = False
     # False when the type never releases blocks before the request ends
     skips: ClassVar[bool] = True
+    # True when `retains` may keep skipped blocks held until the request ends
+    retains_skipped: ClassVar[bool] = False
 
     def __init__(self, spec: KVCacheSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:
@@ -54,6 +56,9 @@ class SingleTypeManager(ABC):
         self.num_skipped: dict[str, int] = {}
         # leading blocks never released by skipping (sink blocks)
         self.num_kept_head_blocks = 0
+        # per request: blocks skipping took off its list that it keeps held until it
+        # ends (see `retains`)
+        self.retained_blocks: dict[str, list[Block]] = {}
 
     # ---- the type's rules ----------------------------------------------------
 
@@ -116,7 +121,11 @@ class SingleTypeManager(ABC):
         if end <= start:
             return 0
         null = self.null_block
-        return sum(1 for b in blocks[start:end] if b is not null and b.ref_cnt == 1)
+        if not self.retains_skipped:
+            return sum(1 for b in blocks[start:end] if b is not null and b.ref_cnt == 1)
+        retains = self.retains
+        return sum(1 for i in range(start, end) if (b := blocks[i]) is not null
+                   and b.ref_cnt == 1 and not retains(request, i, b))
 
     # ---- commit --------------------------------------------------------------
 
@@ -135,7 +144,8 @@ class SingleTypeManager(ABC):
     def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Return blocks the request no longer needs; their positions become null.
 
-        They stay cached (reusable by others) until evicted.
+        They stay cached (reusable by others) until evicted. Those `retains`
+        picks stay held for the request until it ends.
         """
         blocks = self.req_to_blocks.get(request.request_id)
         if not blocks:
@@ -146,8 +156,19 @@ class SingleTypeManager(ABC):
         if end <= start:
             return
         null = self.null_block
-        released = [b for b in blocks[start:end] if b is not null]
         self.rate_released(request, blocks, start, end)
+        if not self.retains_skipped:
+            released = [b for b in blocks[start:end] if b is not null]
+        else:
+            retains, released = self.retains, []
+            for i in range(start, end):
+                block = blocks[i]
+                if block is null:
+                    continue
+                if retains(request, i, block):
+                    self.retained_blocks.setdefault(rid, []).append(block)
+                else:
+                    released.append(block)
         blocks[start:end] = [null] * (end - start)
         self.num_skipped[rid] = end
         released.reverse()
@@ -189,14 +210,46 @@ class SingleTypeManager(ABC):
         self.num_cached_blocks[rid] = num_full
 
     def free(self, request: Request) -> None:
-        """Return all the request's blocks, tail first. Idempotent."""
+        """Return all the request's blocks, tail first, then the retained ones
+        (so they are taken after the prefix they complete). Idempotent."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, None)
         self.num_cached_blocks.pop(rid, None)
+        retained = self.retained_blocks.pop(rid, ())
         if blocks:
             self.rate_released(request, blocks, 0, len(blocks))
-            self.pool.free_blocks(reversed(blocks))
+        if blocks or retained:
+            self.pool.free_blocks(chain(reversed(blocks or ()), reversed(retained)))
         self.num_skipped.pop(rid, None)
+
+    # ---- retention -------------------------------------------------------------
+
+    def retains(self, request: Request, i: int, block: Block) -> bool:
+        """Whether block `i`, which the request no longer needs, stays held until
+        the request ends (off its list) instead of going back to the pool.
+
+        For data a likely hit needs together with a prefix the request still
+        holds (a Mamba state, a window at a junction): released early, it would
+        be evicted before that prefix, leaving the prefix cached but unusable.
+        Must depend only on the request and the block (checked, then applied).
+        """
+        return False
+
+    def retained(self, request_id: str) -> list[Block]:
+        """Blocks held for the request that its list no longer shows."""
+        return self.retained_blocks.get(request_id, [])
+
+    def num_releasable_retained(self) -> int:
+        """How many blocks `release_retained` would return to the free queue."""
+        return sum(1 for held in self.retained_blocks.values() for b in held
+                   if b.ref_cnt == 1)
+
+    def release_retained(self) -> None:
+        """Return every request's retained blocks (they stay cached): the pool
+        could not otherwise supply a running request's allocation."""
+        blocks = [b for held in self.retained_blocks.values() for b in reversed(held)]
+        self.retained_blocks.clear()
+        self.pool.free_blocks(blocks)
 
     # ---- retention hints -------------------------------------------------------
 
@@ -266,19 +319,6 @@ class SingleTypeManager(ABC):
         """Most blocks one request can hold while computing `num_tokens`
         tokens in chunks of at most `max_chunk_tokens` (with no hit)."""
         return -(-num_tokens // self.block_size)
-
-    def retained(self, request_id: str) -> list[Block]:
-        """Blocks held for the request that its list no longer shows: data a type
-        keeps until the request ends (Mamba states, see MambaManager)."""
-        return []
-
-    def num_releasable_retained(self) -> int:
-        """How many blocks `release_retained` would return to the free queue."""
-        return 0
-
-    def release_retained(self) -> None:  # noqa: B027
-        """Return every request's retained blocks (they stay cached): the pool
-        could not otherwise supply an allocation."""
 
     def holders(self) -> list[Block]:
         """Every block reference the requests of this group hold."""

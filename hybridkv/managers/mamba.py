@@ -17,7 +17,7 @@ the states a later hit most likely stops at within the prompt: the junction
 (where the prompt's full-attention match ended), the prompt end, the
 `prime_interval` grid, and the state the request's own hit started from. The
 manager keeps those (cached) states held for the request until it ends
-(`retained`), so they are released, and aged, together with the
+(`retains`, see SingleTypeManager), so they are released, and aged, together with the
 full-attention prefix they complete instead of before it: released early,
 they would be evicted while the prefix stays cached, leaving it unusable
 (stranded). A request thus holds its live block, the checkpoints of the step
@@ -27,10 +27,9 @@ being computed and about one state per `prime_interval` prompt blocks.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
 from typing import NamedTuple
 
-from hybridkv.core.block_pool import JUNCTION, LOW_VALUE, Block, BlockPool
+from hybridkv.core.block_pool import JUNCTION, LOW_VALUE, Block
 from hybridkv.core.specs import MambaSpec
 from hybridkv.managers.base import SingleTypeManager
 from hybridkv.request import Request
@@ -49,12 +48,7 @@ class MambaManager(SingleTypeManager):
     # states every `prime_interval` boundaries are kept as fallbacks for hits that
     # stop between anchors; the rest are flagged low value when released
     prime_interval = 16
-
-    def __init__(self, spec: MambaSpec, group_id: int, pool: BlockPool,
-                 hash_block_size: int, enable_caching: bool = True) -> None:
-        super().__init__(spec, group_id, pool, hash_block_size, enable_caching)
-        # per request: cached states past its computed tokens it keeps until it ends
-        self.retained_states: dict[str, list[Block]] = {}
+    retains_skipped = True
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
                                max_length: int) -> list[Block]:
@@ -133,12 +127,10 @@ class MambaManager(SingleTypeManager):
         # one more token past the live block's span moves the live block
         return len(blocks) * self.block_size - 1, self.max_quiet_computed(request)
 
-    # ---- states kept with the prefix they complete -------------------------------
-
-    def _retains(self, request: Request, i: int, block: Block) -> bool:
-        """Whether the state at boundary i + 1, leaving the request's list, stays
-        held until the request ends: a cached state it started from (its hit),
-        or one within the prompt at the junction, the prompt end or the grid."""
+    def retains(self, request: Request, i: int, block: Block) -> bool:
+        """The state at boundary i + 1 stays held until the request ends when it is
+        cached and the request's hit started from it, or it is within the prompt at
+        the junction, the prompt end or the grid."""
         if block.block_hash is None:
             return False
         if block.num_hits:
@@ -147,65 +139,6 @@ class MambaManager(SingleTypeManager):
         prompt_end = request.num_prompt_tokens // bs
         return j <= prompt_end and (j == prompt_end or j % self.prime_interval == 0
                                     or j == request.num_shared_prefix_tokens // bs)
-
-    def _num_freed_by_skip(self, request: Request, blocks: list[Block],
-                           num_computed_tokens: int) -> int:
-        start = self.num_skipped.get(request.request_id, self.num_kept_head_blocks)
-        end = min(self.num_skipped_blocks(request, num_computed_tokens), len(blocks))
-        null, retains = self.null_block, self._retains
-        return sum(1 for i in range(start, end) if (b := blocks[i]) is not null
-                   and b.ref_cnt == 1 and not retains(request, i, b))
-
-    def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        blocks = self.req_to_blocks.get(request.request_id)
-        if not blocks:
-            return
-        rid = request.request_id
-        start = self.num_skipped.get(rid, self.num_kept_head_blocks)
-        end = min(self.num_skipped_blocks(request, num_computed_tokens), len(blocks))
-        if end <= start:
-            return
-        null, retains = self.null_block, self._retains
-        self.rate_released(request, blocks, start, end)
-        released = []
-        for i in range(start, end):
-            block = blocks[i]
-            if block is null:
-                continue
-            if retains(request, i, block):
-                self.retained_states.setdefault(rid, []).append(block)
-            else:
-                released.append(block)
-        blocks[start:end] = [null] * (end - start)
-        self.num_skipped[rid] = end
-        released.reverse()
-        self.pool.free_blocks(released)
-
-    def free(self, request: Request) -> None:
-        """Return all the request's blocks, tail first, the retained states last
-        (taken after the prefix they complete). Idempotent."""
-        rid = request.request_id
-        blocks = self.req_to_blocks.pop(rid, None)
-        self.num_cached_blocks.pop(rid, None)
-        retained = self.retained_states.pop(rid, ())
-        if blocks:
-            self.rate_released(request, blocks, 0, len(blocks))
-        if blocks or retained:
-            self.pool.free_blocks(chain(reversed(blocks or ()), reversed(retained)))
-        self.num_skipped.pop(rid, None)
-
-    def retained(self, request_id: str) -> list[Block]:
-        return self.retained_states.get(request_id, [])
-
-    def num_releasable_retained(self) -> int:
-        return sum(1 for states in self.retained_states.values() for b in states
-                   if b.ref_cnt == 1)
-
-    def release_retained(self) -> None:
-        # oldest request first; each one's states tail first
-        states = [b for held in self.retained_states.values() for b in reversed(held)]
-        self.retained_states.clear()
-        self.pool.free_blocks(states)
 
     def rate_released(self, request: Request, blocks: list[Block], start: int,
                       end: int) -> None:
