@@ -13,11 +13,12 @@ a group whose block is `stride` hash blocks long keys block i by hash
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Sequence
 from itertools import chain
 from typing import ClassVar
 
-from hybridkv.core.block_pool import Block, BlockPool
+from hybridkv.core.block_pool import JUNCTION, PROTECTED, Block, BlockPool
 from hybridkv.core.specs import KVCacheSpec
 from hybridkv.request import Request
 
@@ -38,6 +39,8 @@ class SingleTypeManager(ABC):
     skips: ClassVar[bool] = True
     # True when `retains` may keep skipped blocks held until the request ends
     retains_skipped: ClassVar[bool] = False
+    # True when `protects` may rate skipped blocks PROTECTED until the request ends
+    protects_skipped: ClassVar[bool] = False
 
     def __init__(self, spec: KVCacheSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:
@@ -59,6 +62,10 @@ class SingleTypeManager(ABC):
         # per request: blocks skipping took off its list that it keeps held until it
         # ends (see `retains`)
         self.retained_blocks: dict[str, list[Block]] = {}
+        # per request: blocks skipping released rated PROTECTED (block, its hash, the
+        # rating it had), and per block id how many running requests protect it
+        self.protected_blocks: dict[str, list[tuple[Block, bytes, int]]] = {}
+        self.num_protecting: dict[int, int] = {}
 
     # ---- the type's rules ----------------------------------------------------
 
@@ -157,6 +164,8 @@ class SingleTypeManager(ABC):
             return
         null = self.null_block
         self.rate_released(request, blocks, start, end)
+        if self.protects_skipped:
+            self._protect(request, blocks, start, end)
         if not self.retains_skipped:
             released = [b for b in blocks[start:end] if b is not null]
         else:
@@ -216,13 +225,54 @@ class SingleTypeManager(ABC):
         blocks = self.req_to_blocks.pop(rid, None)
         self.num_cached_blocks.pop(rid, None)
         retained = self.retained_blocks.pop(rid, ())
+        protected = self.protected_blocks.pop(rid, None)
+        requeue = self._unprotect(protected) if protected else ()
         if blocks:
             self.rate_released(request, blocks, 0, len(blocks))
-        if blocks or retained:
-            self.pool.free_blocks(chain(reversed(blocks or ()), reversed(retained)))
+        if blocks or retained or requeue:
+            self.pool.free_blocks(chain(reversed(blocks or ()), reversed(retained)), requeue)
         self.num_skipped.pop(rid, None)
 
-    # ---- retention -------------------------------------------------------------
+    # ---- protection --------------------------------------------------------------
+
+    def protects(self, request: Request, i: int, block: Block) -> bool:
+        """Whether block `i`, which the request no longer needs, is released rated
+        PROTECTED (taken for new data last, by policies that read hints) until the
+        request ends, when it gets back the rating it had.
+
+        The same aim as `retains`, for types that must return such blocks to the
+        pool at once (sliding window: API.md's release rule).
+        """
+        return False
+
+    def _protect(self, request: Request, blocks: list[Block], start: int, end: int) -> None:
+        null, protects, counts = self.null_block, self.protects, self.num_protecting
+        record = None
+        for i in range(start, end):
+            block = blocks[i]
+            if block is null or block.block_hash is None or not protects(request, i, block):
+                continue
+            if record is None:
+                record = self.protected_blocks.setdefault(request.request_id, [])
+            hint = block.value_hint
+            record.append((block, block.block_hash, JUNCTION if hint == PROTECTED else hint))
+            block.value_hint = PROTECTED
+            counts[block.block_id] = counts.get(block.block_id, 0) + 1
+
+    def _unprotect(self, protected: list[tuple[Block, bytes, int]]) -> list[Block]:
+        """The request ends: its protected blocks get their rating back, unless
+        another running request protects them too or they were evicted meanwhile.
+        Returns the free ones, tail first, to queue anew with its release."""
+        counts, requeue = self.num_protecting, []
+        for block, block_hash, hint in reversed(protected):
+            n = counts.pop(block.block_id) - 1
+            if n:
+                counts[block.block_id] = n
+            elif block.block_hash == block_hash and block.value_hint == PROTECTED:
+                block.value_hint = hint
+                if not block.ref_cnt:
+                    requeue.append(block)
+        return requeue
 
     def retains(self, request: Request, i: int, block: Block) -> bool:
         """Whether block `i`, which the request no longer needs, stays held until
@@ -339,3 +389,6 @@ class SingleTypeManager(ABC):
             start = self.num_skipped.get(rid, self.num_kept_head_blocks)
             assert all(b is self.null_block for b in blocks[self.num_kept_head_blocks:start]), \
                 f"{rid} keeps a skipped block in group {self.group_id}"
+        protecting = Counter(b.block_id for record in self.protected_blocks.values()
+                             for b, _, _ in record)
+        assert protecting == self.num_protecting, f"protection counts in group {self.group_id}"

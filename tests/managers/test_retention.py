@@ -200,3 +200,58 @@ def test_retained_states_yield_to_a_running_request_not_to_a_new_one():
     for req in (a, b):
         mgr.free(req)
     assert mgr.num_free_blocks == 39
+
+
+def window_prefill(policy, prompt, chunk):
+    """A prefill in chunks after another prompt was computed and then reused."""
+    groups = [KVCacheGroupSpec(["f"], FullAttentionSpec(block_size=B)),
+              KVCacheGroupSpec(["s"], SlidingWindowSpec(block_size=B, sliding_window=2 * B))]
+    mgr = KVCacheManager(KVCacheConfig(400, groups), eviction_policy=policy)
+    other = list(range(50000, 50000 + 6 * B + 1))
+    assert run(mgr, other)[0] == 0 and run(mgr, other)[0] == 6 * B  # hit: protected tiers
+    req = Request("w", prompt)
+    prefill_in_chunks(mgr, req, chunk)
+    return mgr, req
+
+
+def test_windows_in_the_prompt_tail_are_taken_last_while_their_request_runs():
+    # the window slides past the prompt's tail as the prefill ends; those blocks go
+    # back to the pool at once (the window's release rule) but under `hybrid` they are
+    # taken for new data only after everything else until the request ends, then they
+    # queue again with its release, after the window it held
+    warnings.simplefilter("ignore", RuntimeWarning)
+    margin = SlidingWindowManager.tail_margin_tokens // B
+    prompt = list(range(20000, 20000 + B * (margin + 30)))
+    mgr, req = window_prefill("hybrid", prompt, 5 * B)
+    side = mgr.coordinator.managers[1]
+    e, need = len(prompt) // B, side.spec.num_window_blocks
+    ids = [mgr.pool.cached[1][h].block_id
+           for h in req.block_hashes(mgr.hash_algo, B)[:e]]
+    kept = set(ids[e - need - margin:e - need])  # tail windows the window already left
+    assert all(mgr.pool.blocks[i].ref_cnt == 0 for i in kept)  # released: free
+    order = [b.block_id for b in mgr.pool.free_queue]
+    assert set(order[-len(kept):]) == kept  # ... and taken last
+    assert mgr.pool.blocks[ids[0]].value_hint == LOW_VALUE  # far from the tail
+    mgr.check_integrity()
+    window = [i for i in mgr.get_block_ids("w")[1] if i]
+    mgr.free(req)
+    assert all(mgr.pool.blocks[i].value_hint == NORMAL_VALUE for i in kept)  # rated again
+    order = [b.block_id for b in mgr.pool.free_queue]
+    assert min(order.index(i) for i in kept) > max(order.index(i) for i in window)
+    assert not side.num_protecting and not side.protected_blocks
+    mgr.check_integrity()
+
+
+def test_lru_ignores_protection(monkeypatch):
+    # `lru` is vLLM's order exactly: protecting blocks changes nothing in it
+    warnings.simplefilter("ignore", RuntimeWarning)
+    prompt = list(range(30000, 30000 + B * 90))
+    orders = []
+    for protect in (True, False):
+        monkeypatch.setattr(SlidingWindowManager, "protects_skipped", protect)
+        mgr, req = window_prefill("lru", prompt, 5 * B)
+        orders.append([b.block_id for b in mgr.pool.free_queue])
+        mgr.free(req)
+        orders.append([b.block_id for b in mgr.pool.free_queue])
+        mgr.check_integrity()
+    assert orders[:2] == orders[2:]
