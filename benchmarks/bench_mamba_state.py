@@ -1,9 +1,10 @@
 """State memory of a Mamba request during a long decode, per retention policy.
 
 A full + Mamba manager runs one request: a 1,024-token prompt, then 4,096
-decoded tokens. Per step it records the blocks the request holds in the
-Mamba group (its live state plus the checkpoints being written) and, at the
-end, how many boundary states stay cached for later hits, for checkpoint
+decoded tokens. Per step it records the blocks the request lists in the
+Mamba group (its live state plus the checkpoints being written), the prompt
+states it keeps held off the list until it ends (`get_retained_block_ids`)
+and, at the end, how many boundary states stay cached for later hits, for checkpoint
 intervals 1 (every boundary), 4 and 16.
 
     python benchmarks/bench_mamba_state.py
@@ -32,14 +33,16 @@ def run(interval: int, prompt_len: int, decode_len: int, block: int) -> dict:
     req = Request("r", [3 + i % 500 for i in range(prompt_len)])
     assert mgr.allocate_slots(req, prompt_len) is not None
     req.num_computed_tokens = prompt_len
-    held = []
+    held, retained = [], []
     for t in range(decode_len):
         req.append_output_token_ids(3 + t % 500)
         assert mgr.allocate_slots(req, 1) is not None
         req.num_computed_tokens += 1
         held.append(sum(1 for b in mgr.get_block_ids("r")[1] if b != mgr.null_block_id))
+        retained.append(len(mgr.get_retained_block_ids("r")[1]))
     mgr.free(req)
     return {"max_mamba_blocks_held": max(held), "mean_mamba_blocks_held": sum(held) / len(held),
+            "max_mamba_states_retained": max(retained),
             "states_cached_after": len(mgr.pool.cached[1]),
             "tokens": prompt_len + decode_len}
 

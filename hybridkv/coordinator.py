@@ -165,6 +165,13 @@ class HybridCoordinator:
                 max_computed = computed
         return max_tokens, max_computed
 
+    def num_releasable_retained(self) -> int:
+        return sum(m.num_releasable_retained() for m in self.managers)
+
+    def release_retained(self) -> None:
+        for m in self.managers:
+            m.release_retained()
+
     def free(self, request: Request) -> None:
         for manager in self.managers:
             manager.free(request)

@@ -192,9 +192,17 @@ class KVCacheManager:
         `releases=False` when the request's own limits show no group
         releases a block at `computed`."""
         coordinator = self.coordinator
-        if coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit) > \
-                len(self.pool.free_queue):
-            return None
+        need = coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit)
+        if need > len(self.pool.free_queue):
+            # states kept only for reuse never stop a running request (a preemption):
+            # give them up first; a new request waits for them like for held blocks
+            if request.request_id not in self._requests or need > \
+                    len(self.pool.free_queue) + coordinator.num_releasable_retained():
+                return None
+            coordinator.release_retained()
+            if coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit) > \
+                    len(self.pool.free_queue):
+                return None  # pragma: no cover (released blocks only add free ones)
         new_blocks = coordinator.allocate(request, computed, num_tokens, hit, releases)
         hashes = request.block_hashes(self.hash_algo, self.hash_block_size) \
             if self.enable_caching else None
@@ -265,6 +273,13 @@ class KVCacheManager:
         """One list per group in token order; `null_block_id` where not needed."""
         return tuple([b.block_id for b in blocks]
                      for blocks in self.coordinator.get_blocks(request_id))
+
+    def get_retained_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """Per group, blocks held for the request that `get_block_ids` no longer
+        lists: cached Mamba states a likely hit stops at, kept until the request
+        ends so that they leave the cache with the prefix they complete."""
+        return tuple([b.block_id for b in m.retained(request_id)]
+                     for m in self.coordinator.managers)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop these blocks from the prefix cache; running requests keep them.

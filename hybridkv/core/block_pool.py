@@ -27,8 +27,9 @@ from hybridkv.core.events import (
 from hybridkv.core.eviction import EvictionPolicy, make_eviction_policy
 
 # Block.value_hint: no likely future hit needs the block / no opinion / a hit at a
-# junction (where requests sharing a prefix diverge) needs it
-LOW_VALUE, NORMAL_VALUE, JUNCTION = -1, 0, 1
+# junction (where requests sharing a prefix diverge) needs it / a running request
+# still holds the prefix a hit would need it with (rated again when it ends)
+LOW_VALUE, NORMAL_VALUE, JUNCTION, PROTECTED = -1, 0, 1, 2
 
 
 class Block:
@@ -43,8 +44,8 @@ class Block:
         self.block_hash: bytes | None = None
         self.group_id = -1
         # eviction hints: prefix hits on the data since it was stored, and how the group
-        # that released it rates its reuse (LOW_VALUE, NORMAL_VALUE or JUNCTION); policies
-        # may use or ignore them
+        # that released it rates its reuse (LOW_VALUE, NORMAL_VALUE, JUNCTION or
+        # PROTECTED); policies may use or ignore them
         self.num_hits = 0
         self.value_hint = NORMAL_VALUE
         self.queue_slot = -1  # for the eviction policy's own use (e.g. a tier)
@@ -145,11 +146,13 @@ class BlockPool:
             block.ref_cnt = ref_cnt + 1
             block.num_hits += 1
 
-    def free_blocks(self, blocks: Iterable[Block]) -> None:
+    def free_blocks(self, blocks: Iterable[Block], requeue: Sequence[Block] = ()) -> None:
         """Drop one reference on each block, given in the order to evict them.
 
         Blocks whose count reaches 0 join the free queue (cached ones stay
-        findable). The null block is skipped.
+        findable). The null block is skipped. `requeue`: free blocks whose rating
+        changed, queued anew in the same release after those when the policy
+        ranks by hints.
         """
         freed = []
         null = self.null_block
@@ -160,6 +163,11 @@ class BlockPool:
             block.ref_cnt = ref_cnt
             if not ref_cnt:
                 freed.append(block)
+        if requeue and self.free_queue.uses_hints:
+            remove = self.free_queue.remove
+            for block in requeue:
+                remove(block)
+            freed += requeue
         if freed:
             self.free_queue.add_free(freed)
             if self._stale_listeners:
@@ -202,6 +210,13 @@ class BlockPool:
             block.block_hash = block_hash
             block.group_id = group_id
             table[block_hash] = block
+
+    def rehint(self, block: Block, value_hint: int) -> None:
+        """Rate `block` again; a free one is queued anew by the policy (at the back of
+        its new place)."""
+        block.value_hint = value_hint
+        if block.ref_cnt == 0:
+            self.free_queue.hint_changed(block)
 
     def _note_recompute(self, block: Block) -> None:
         """A request computed data this block already caches (its hit stopped

@@ -32,6 +32,11 @@ class EvictionPolicy(ABC):
     Constructed with the pool's initially free blocks (all uncached).
     """
 
+    # True for a policy that ranks by the hints (`num_hits`, `value_hint`): when a
+    # request ends, the free blocks its groups rated again are then removed and
+    # given to `add_free` again with its release (after its blocks)
+    uses_hints: bool = False
+
     @abstractmethod
     def __init__(self, blocks: Iterable[Block] = ()) -> None:
         """Start with `blocks` free, taken in the order given."""

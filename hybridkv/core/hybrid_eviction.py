@@ -12,7 +12,11 @@ Free blocks sit in tiers; a block is taken from the lowest non-empty tier:
    sessions larger than the pool) the oldest sessions stay whole instead of
    each one being evicted just before its turn, as under LRU;
 3. cached blocks hit once, least recently used first;
-4. cached blocks hit twice or more, least recently used first.
+4. cached blocks hit twice or more, least recently used first;
+5. cached blocks a running request still needs kept (`PROTECTED`: a window
+   its group left behind that completes a prefix the request still holds),
+   least recently released first; when the request ends its group rates
+   them again and they move to their tier.
 
 A block its group rated a junction (the window or state a hit needs where
 requests sharing a prefix diverge) counts as hit once more: the full
@@ -37,7 +41,7 @@ from hybridkv.core.eviction import EVICTION_POLICIES, EvictionPolicy
 if TYPE_CHECKING:
     from hybridkv.core.block_pool import Block
 
-EMPTY, LOW_VALUE, FRESH, HIT_ONCE, HIT_OFTEN = range(5)
+EMPTY, LOW_VALUE, FRESH, HIT_ONCE, HIT_OFTEN, KEPT = range(6)
 AGE_EVERY = 8
 # tiers kept as stacks (the end of the dict is taken first: new blocks go on top);
 # the others are queues (the front is taken first, new blocks join at the end)
@@ -45,13 +49,16 @@ STACKS = (EMPTY, FRESH)
 
 
 class HybridPolicy(EvictionPolicy):
-    """Tiered free queue: empty, low value, fresh (newest first), hit once, hit often.
+    """Tiered free queue: empty, low value, fresh (newest first), hit once, hit often,
+    kept for a running request.
 
     A free block's tier is kept in `Block.queue_slot` (-1 when not free).
     """
 
+    uses_hints = True
+
     def __init__(self, blocks: Iterable[Block] = ()) -> None:
-        self._tiers: list[OrderedDict[Block, None]] = [OrderedDict() for _ in range(5)]
+        self._tiers: list[OrderedDict[Block, None]] = [OrderedDict() for _ in range(6)]
         self._num_taken = 0
         initial = list(blocks)
         for block in reversed(initial):  # a stack: the first given on top
@@ -84,6 +91,10 @@ class HybridPolicy(EvictionPolicy):
                 empty[block] = None
                 continue
             hits, hint = block.num_hits, block.value_hint
+            if hint > 1:  # PROTECTED
+                block.queue_slot = KEPT
+                tiers[KEPT][block] = None
+                continue
             if hint < 0 and not hits:
                 block.queue_slot = LOW_VALUE
                 low[block] = None

@@ -13,10 +13,12 @@ a group whose block is `stride` hash blocks long keys block i by hash
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Sequence
+from itertools import chain
 from typing import ClassVar
 
-from hybridkv.core.block_pool import Block, BlockPool
+from hybridkv.core.block_pool import JUNCTION, PROTECTED, Block, BlockPool
 from hybridkv.core.specs import KVCacheSpec
 from hybridkv.request import Request
 
@@ -35,6 +37,10 @@ class SingleTypeManager(ABC):
     downward_closed: ClassVar[bool] = False
     # False when the type never releases blocks before the request ends
     skips: ClassVar[bool] = True
+    # True when `retains` may keep skipped blocks held until the request ends
+    retains_skipped: ClassVar[bool] = False
+    # True when `protects` may rate skipped blocks PROTECTED until the request ends
+    protects_skipped: ClassVar[bool] = False
 
     def __init__(self, spec: KVCacheSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:
@@ -53,6 +59,13 @@ class SingleTypeManager(ABC):
         self.num_skipped: dict[str, int] = {}
         # leading blocks never released by skipping (sink blocks)
         self.num_kept_head_blocks = 0
+        # per request: blocks skipping took off its list that it keeps held until it
+        # ends (see `retains`)
+        self.retained_blocks: dict[str, list[Block]] = {}
+        # per request: blocks skipping released rated PROTECTED (block, its hash, the
+        # rating it had), and per block id how many running requests protect it
+        self.protected_blocks: dict[str, list[tuple[Block, bytes, int]]] = {}
+        self.num_protecting: dict[int, int] = {}
 
     # ---- the type's rules ----------------------------------------------------
 
@@ -115,9 +128,11 @@ class SingleTypeManager(ABC):
         if end <= start:
             return 0
         null, freed = self.null_block, 0
+        retains = self.retains if self.retains_skipped else None
         for i in range(start, end):
             block = blocks[i]
-            if block.ref_cnt == 1 and block is not null:
+            if block.ref_cnt == 1 and block is not null and \
+                    (retains is None or not retains(request, i, block)):
                 freed += 1
         return freed
 
@@ -138,7 +153,8 @@ class SingleTypeManager(ABC):
     def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Return blocks the request no longer needs; their positions become null.
 
-        They stay cached (reusable by others) until evicted.
+        They stay cached (reusable by others) until evicted. Those `retains`
+        picks stay held for the request until it ends.
         """
         blocks = self.req_to_blocks.get(request.request_id)
         if not blocks:
@@ -149,8 +165,21 @@ class SingleTypeManager(ABC):
         if end <= start:
             return
         null = self.null_block
-        released = [b for b in blocks[start:end] if b is not null]
         self.rate_released(request, blocks, start, end)
+        if self.protects_skipped:
+            self._protect(request, blocks, start, end)
+        if not self.retains_skipped:
+            released = [b for b in blocks[start:end] if b is not null]
+        else:
+            retains, released = self.retains, []
+            for i in range(start, end):
+                block = blocks[i]
+                if block is null:
+                    continue
+                if retains(request, i, block):
+                    self.retained_blocks.setdefault(rid, []).append(block)
+                else:
+                    released.append(block)
         blocks[start:end] = [null] * (end - start)
         self.num_skipped[rid] = end
         released.reverse()
@@ -192,14 +221,87 @@ class SingleTypeManager(ABC):
         self.num_cached_blocks[rid] = num_full
 
     def free(self, request: Request) -> None:
-        """Return all the request's blocks, tail first. Idempotent."""
+        """Return all the request's blocks, tail first, then the retained ones
+        (so they are taken after the prefix they complete). Idempotent."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, None)
         self.num_cached_blocks.pop(rid, None)
+        retained = self.retained_blocks.pop(rid, ())
+        protected = self.protected_blocks.pop(rid, None)
+        requeue = self._unprotect(protected) if protected else ()
         if blocks:
             self.rate_released(request, blocks, 0, len(blocks))
-            self.pool.free_blocks(reversed(blocks))
+        if blocks or retained or requeue:
+            self.pool.free_blocks(chain(reversed(blocks or ()), reversed(retained)), requeue)
         self.num_skipped.pop(rid, None)
+
+    # ---- protection --------------------------------------------------------------
+
+    def protects(self, request: Request, i: int, block: Block) -> bool:
+        """Whether block `i`, which the request no longer needs, is released rated
+        PROTECTED (taken for new data last, by policies that read hints) until the
+        request ends, when it gets back the rating it had.
+
+        The same aim as `retains`, for types that must return such blocks to the
+        pool at once (sliding window: API.md's release rule).
+        """
+        return False
+
+    def _protect(self, request: Request, blocks: list[Block], start: int, end: int) -> None:
+        null, protects, counts = self.null_block, self.protects, self.num_protecting
+        record = None
+        for i in range(start, end):
+            block = blocks[i]
+            if block is null or block.block_hash is None or not protects(request, i, block):
+                continue
+            if record is None:
+                record = self.protected_blocks.setdefault(request.request_id, [])
+            hint = block.value_hint
+            record.append((block, block.block_hash, JUNCTION if hint == PROTECTED else hint))
+            block.value_hint = PROTECTED
+            counts[block.block_id] = counts.get(block.block_id, 0) + 1
+
+    def _unprotect(self, protected: list[tuple[Block, bytes, int]]) -> list[Block]:
+        """The request ends: its protected blocks get their rating back, unless
+        another running request protects them too or they were evicted meanwhile.
+        Returns the free ones, tail first, to queue anew with its release."""
+        counts, requeue = self.num_protecting, []
+        for block, block_hash, hint in reversed(protected):
+            n = counts.pop(block.block_id) - 1
+            if n:
+                counts[block.block_id] = n
+            elif block.block_hash == block_hash and block.value_hint == PROTECTED:
+                block.value_hint = hint
+                if not block.ref_cnt:
+                    requeue.append(block)
+        return requeue
+
+    def retains(self, request: Request, i: int, block: Block) -> bool:
+        """Whether block `i`, which the request no longer needs, stays held until
+        the request ends (off its list) instead of going back to the pool.
+
+        For data a likely hit needs together with a prefix the request still
+        holds (a Mamba state, a window at a junction): released early, it would
+        be evicted before that prefix, leaving the prefix cached but unusable.
+        Must depend only on the request and the block (checked, then applied).
+        """
+        return False
+
+    def retained(self, request_id: str) -> list[Block]:
+        """Blocks held for the request that its list no longer shows."""
+        return self.retained_blocks.get(request_id, [])
+
+    def num_releasable_retained(self) -> int:
+        """How many blocks `release_retained` would return to the free queue."""
+        return sum(1 for held in self.retained_blocks.values() for b in held
+                   if b.ref_cnt == 1)
+
+    def release_retained(self) -> None:
+        """Return every request's retained blocks (they stay cached): the pool
+        could not otherwise supply a running request's allocation."""
+        blocks = [b for held in self.retained_blocks.values() for b in reversed(held)]
+        self.retained_blocks.clear()
+        self.pool.free_blocks(blocks)
 
     # ---- retention hints -------------------------------------------------------
 
@@ -273,15 +375,22 @@ class SingleTypeManager(ABC):
     def holders(self) -> list[Block]:
         """Every block reference the requests of this group hold."""
         null = self.null_block
-        return [b for blocks in self.req_to_blocks.values() for b in blocks if b is not null]
+        held = [b for blocks in self.req_to_blocks.values() for b in blocks if b is not null]
+        for rid in self.req_to_blocks:
+            held += self.retained(rid)
+        return held
 
     def check_integrity(self) -> None:
         """Assert this group's invariants (one holder per block per request)."""
         for rid, blocks in self.req_to_blocks.items():
-            ids = [b.block_id for b in blocks if b is not self.null_block]
+            retained = self.retained(rid)
+            ids = [b.block_id for b in chain(blocks, retained) if b is not self.null_block]
             assert len(ids) == len(set(ids)), f"{rid} holds a block twice in group {self.group_id}"
-            for b in blocks:
+            for b in chain(blocks, retained):
                 assert b is self.null_block or b.ref_cnt > 0, f"{rid} holds free {b}"
             start = self.num_skipped.get(rid, self.num_kept_head_blocks)
             assert all(b is self.null_block for b in blocks[self.num_kept_head_blocks:start]), \
                 f"{rid} keeps a skipped block in group {self.group_id}"
+        protecting = Counter(b.block_id for record in self.protected_blocks.values()
+                             for b, _, _ in record)
+        assert protecting == self.num_protecting, f"protection counts in group {self.group_id}"

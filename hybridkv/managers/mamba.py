@@ -6,12 +6,22 @@ same physical block for the request's whole life. Entry j < last is either
 null or a checkpoint: the block that receives (or, right after a hit,
 supplies) the state after the first `(j + 1) * B` tokens. Checkpoints are
 hashed like attention blocks, so a later request with the same first
-`(j + 1) * B` tokens can start from that state; once written they are
-returned to the pool (still reusable), so a request holds its live block and
-the checkpoints of the step being computed, nothing more.
+`(j + 1) * B` tokens can start from that state; once the request's computed
+tokens pass them they leave its list (null).
 
 Which boundaries get a checkpoint is the retention policy: every
 `checkpoint_interval`-th boundary, plus the last boundary inside the prompt.
+
+Checkpoints that leave the list go back to the pool (still reusable), except
+the states a later hit most likely stops at within the prompt: the junction
+(where the prompt's full-attention match ended), the prompt end, the
+`prime_interval` grid, and the state the request's own hit started from. The
+manager keeps those (cached) states held for the request until it ends
+(`retains`, see SingleTypeManager), so they are released, and aged, together with the
+full-attention prefix they complete instead of before it: released early,
+they would be evicted while the prefix stays cached, leaving it unusable
+(stranded). A request thus holds its live block, the checkpoints of the step
+being computed and about one state per `prime_interval` prompt blocks.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ class MambaManager(SingleTypeManager):
     # states every `prime_interval` boundaries are kept as fallbacks for hits that
     # stop between anchors; the rest are flagged low value when released
     prime_interval = 16
+    retains_skipped = True
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
                                max_length: int) -> list[Block]:
@@ -116,6 +127,19 @@ class MambaManager(SingleTypeManager):
         # one more token past the live block's span moves the live block
         return len(blocks) * self.block_size - 1, self.max_quiet_computed(request)
 
+    def retains(self, request: Request, i: int, block: Block) -> bool:
+        """The state at boundary i + 1 stays held until the request ends when it is
+        cached and the request's hit started from it, or it is within the prompt at
+        the junction, the prompt end or the grid."""
+        if block.block_hash is None:
+            return False
+        if block.num_hits:
+            return True
+        j, bs = i + 1, self.block_size
+        prompt_end = request.num_prompt_tokens // bs
+        return j <= prompt_end and (j == prompt_end or j % self.prime_interval == 0
+                                    or j == request.num_shared_prefix_tokens // bs)
+
     def rate_released(self, request: Request, blocks: list[Block], start: int,
                       end: int) -> None:
         bs, grid, null = self.block_size, self.prime_interval, self.null_block
@@ -138,6 +162,7 @@ class MambaManager(SingleTypeManager):
         return (self.num_skipped.get(request.request_id, 0) + 1) * self.block_size - 1
 
     def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
+        # live + the step's checkpoints (retained states are given up when short)
         return min(num_tokens, max_chunk_tokens) // self.block_size + 2
 
 

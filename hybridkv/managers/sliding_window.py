@@ -82,7 +82,23 @@ class SlidingWindowManager(SingleTypeManager):
     rate_low_value = True
     # prompts often end in a unique suffix (a question, a new turn) after the part
     # later prompts share: keep the windows of stops this close before the prompt end
-    tail_margin_tokens = 128
+    tail_margin_tokens = 256
+    protects_skipped = True
+
+    def protects(self, request: Request, i: int, block: Block) -> bool:
+        """A block the window left behind is protected until the request ends when
+        its hit used it, or it is in the window of the junction or of a stop in the
+        prompt's tail: released for good while the request still holds the
+        full-attention prefix before it, it would be evicted first and strand that
+        prefix."""
+        if block.num_hits:
+            return True
+        bs, need = self.block_size, self.spec.num_window_blocks
+        shared = request.num_shared_prefix_tokens // bs
+        if shared - need <= i < shared:
+            return True
+        prompt = request.num_prompt_tokens // bs
+        return prompt - need - self.tail_margin_tokens // bs <= i < prompt
 
     def rate_released(self, request: Request, blocks: list[Block], start: int,
                       end: int) -> None:

@@ -181,6 +181,9 @@ class _Case:
         """allocate_slots, then the model step; a refusal must change nothing."""
         kv = self.kv
         before, num_events = state_snapshot(kv), len(self.events)
+        # blocks held for running requests off their lists (see get_retained_block_ids):
+        # a running request's allocation the pool can't otherwise supply releases them
+        retained = {b for rid in self.live for g in kv.get_retained_block_ids(rid) for b in g}
         start = req.num_computed_tokens + num_hit
         new_blocks = kv.allocate_slots(req, num_new, num_hit, hit)
         if new_blocks is None:
@@ -194,7 +197,7 @@ class _Case:
         self.live[req.request_id] = req
         now = kv.get_block_ids(req.request_id)  # new blocks: free or released by this step
         mine = {b for g in before["request block ids"] for b in g.get(req.request_id, ())}
-        free = mine.union(before["free queue order"])
+        free = mine.union(before["free queue order"], retained)
         for g, ids in enumerate(new_blocks.get_block_ids()):
             _check(free.issuperset(ids) and set(ids) <= set(now[g]),
                    f"group {g}: new blocks {ids} were not free or are not the request's {now}")

@@ -288,7 +288,8 @@ def holder_problem(kv: KVCacheManager, request_ids: Iterable[str],
                    sink_ids: AbstractSet[int] = frozenset()) -> str | None:
     """What is wrong with the pool's holders, or None.
 
-    Holders are the block lists of the running `request_ids` plus one for each
+    Holders are the block lists of the running `request_ids`, the blocks held
+    for them off the lists (`get_retained_block_ids`), plus one for each
     shared sink block (listed by no request). Every ref count must equal its
     holders, the free queue must be exactly the blocks nobody holds, and a
     block shared by requests must sit at one (group, position) in all of them.
@@ -305,6 +306,12 @@ def holder_problem(kv: KVCacheManager, request_ids: Iterable[str],
                 if where.setdefault(block_id, (g, p)) != (g, p) or block_id in sink_ids:
                     return (f"{rid} lists block {block_id} at (group, position) {(g, p)}; "
                             f"it is at {where[block_id]} or a sink")
+        retained = getattr(kv, "get_retained_block_ids", None)
+        for g, ids in enumerate(retained(rid) if retained else ()):
+            for block_id in ids:
+                holders[block_id] += 1
+                if block_id in sink_ids:
+                    return f"{rid} retains block {block_id} in group {g}: a sink"
     wrong = [b for b in pool.blocks[1:] if b.ref_cnt != holders[b.block_id]]
     if wrong:
         return f"ref counts differ from the running requests' lists: {wrong[:4]}"

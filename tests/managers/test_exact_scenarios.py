@@ -107,10 +107,13 @@ def test_mamba_hit_is_the_last_cached_state():
     run(kv, a)  # checkpoints at 4 and 8 tokens (1, 2), live state 3
     assert kv.get_block_ids("a") == ([1, 2, 3],)
     assert mamba_state_plan([1, 2, 3], 0, 10, 4) == MambaStatePlan(3, None, [(4, 1), (8, 2)])
-    decode(kv, a, 1)  # checkpoints written: released (cached), the live block stays
+    decode(kv, a, 1)  # checkpoints written: off the list, the live block stays
     assert kv.get_block_ids("a") == ([0, 0, 3],)
-    assert free_queue(kv) == list(range(4, 16)) + [2, 1]
-    kv.free(a)  # the live state was never cached: front
+    # 1 is released (cached); 2, the prompt end's state, stays held until a ends
+    assert free_queue(kv) == list(range(4, 16)) + [1]
+    assert kv.get_retained_block_ids("a") == ([2],)
+    kv.free(a)  # the live state was never cached: front; 2 after it
+    assert kv.get_retained_block_ids("a") == ([],)
     b = Request("b", PROMPT[:10] + [5, 6])
     assert hit_ids(kv, b.all_token_ids) == (([0, 2],), 8)
     run(kv, b, expect_hit=8)  # touches 2; new checkpoint at 12 (3) and live state (4)

@@ -7,7 +7,8 @@ token n's chunk so far; Mamba, its live state plus the checkpoint the step
 writes (a boundary at n + 1 that the retention policy keeps); full, every
 block. The counts below are those formulas, checked at every step; the
 maxima are the bounds: sliding ceil((W-1)/B) + 1 (+ sink blocks), chunked
-C/B, Mamba 2.
+C/B, Mamba 2. Mamba also keeps a few prompt states held off its list until
+the request ends (`get_retained_block_ids`); they are counted separately.
 """
 
 import pytest
@@ -23,6 +24,7 @@ from hybridkv import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
+from hybridkv.managers.mamba import MambaManager
 from hybridkv.testing import decode_block_bound
 
 
@@ -43,6 +45,18 @@ def chunked_held(spec, n):
 
 def mamba_held(spec, n):
     return 1 + ((n + 1) % (spec.block_size * spec.checkpoint_interval) == 0)
+
+
+def mamba_retained(spec, prompt_len):
+    """States a request without a hit keeps held off its list until it ends: the
+    prompt end's and the written ones on the `prime_interval` grid."""
+    grid, prompt_end = MambaManager.prime_interval, prompt_len // spec.block_size
+    return sum(1 for j in range(1, prompt_end + 1)
+               if j == prompt_end or j % grid == 0 and j % spec.checkpoint_interval == 0)
+
+
+def retained_count(kv, rid):
+    return sum(len(ids) for ids in kv.get_retained_block_ids(rid))
 
 
 def full_held(spec, n):
@@ -129,7 +143,9 @@ def test_blocks_held_while_decoding(spec, prompt_len, chunk):
     formula = held_formula(spec)
     assert [c[0] for _, c in counts] == [formula(spec, n) for n, _ in counts]
     usable = kv.pool.num_blocks - 1 - kv.pool.num_pinned
-    assert kv.num_free_blocks == usable - counts[-1][1][0]
+    retained = mamba_retained(spec, prompt_len) if isinstance(spec, MambaSpec) else 0
+    assert retained_count(kv, "r") == retained
+    assert kv.num_free_blocks == usable - counts[-1][1][0] - retained
     for n, (held,) in counts:
         bound = decode_block_bound(spec, n + 1)
         assert held <= bound
@@ -156,7 +172,9 @@ def test_hybrid_groups_each_stay_bounded():
     counts = decode_and_count(kv, req, 70)
     for n, held in counts:
         assert held == [held_formula(s)(s, n) for s in specs]
-    assert kv.num_free_blocks == kv.pool.num_blocks - 1 - sum(counts[-1][1])
+    retained = mamba_retained(specs[2], 21)
+    assert retained_count(kv, "r") == retained
+    assert kv.num_free_blocks == kv.pool.num_blocks - 1 - sum(counts[-1][1]) - retained
 
 
 def test_released_window_blocks_stay_reusable():
