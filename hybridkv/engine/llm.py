@@ -208,7 +208,7 @@ class LLM:
         ids = list(prompt)
         try:
             check_token_ids(ids)  # ints in [0, 2**32), checked in C when built
-            in_range = 0 <= min(ids) and max(ids) < vocab
+            in_range = max(ids) < vocab  # (no min: the check above rules out negatives)
         except ValueError:
             in_range = False
         if not in_range:

@@ -138,9 +138,11 @@ def attend_group(query, k_cache, v_cache, block_table, tiles: list[Tile], rules:
     shared = 0 if fused else _shared_prefix_blocks(block_table, tiles)
     if shared not in memo:
         layout = _run_layout(tiles, shared * k_cache.shape[1], k_cache.shape[1], query.device)
-        mask = _mask(q_pos, layout, rules)  # [N, Q, L] or None
-        # the fused path takes the mask as an additive bias [N, 1, Q, L]
-        memo[shared] = layout, torch.where(mask, 0.0, float("-inf"))[:, None] if fused else mask
+        if fused:  # an additive bias [N, 1, Q, L]
+            memo[shared] = layout, _bias(q_pos, layout, rules,
+                                         _num_open_slots(tiles, k_cache.shape[1]))
+        else:
+            memo[shared] = layout, _mask(q_pos, layout, rules)  # [N, Q, L] or None
     layout, mask = memo[shared]
     keys = _gather_run(k_cache, v_cache, block_table, layout)
     q = query[rows].float()  # [N, Q, Hq, D]
@@ -256,6 +258,28 @@ def _mask(q_pos, layout: _RunLayout, rules: MaskRules) -> torch.Tensor | None:
         return None if layout.valid is None else layout.valid[:, None]
     allowed = rules.allows(q_pos[:, :, None], layout.positions[:, None, :])  # [N, Q, L]
     return allowed if layout.valid is None else allowed & layout.valid[:, None]
+
+
+def _num_open_slots(tiles: list[Tile], block_size: int) -> int:
+    # leading slots of a run layout (from key 0, no sinks) that every query of every tile sees:
+    # the blocks each tile's queries see in full. Example: one tile of 32 queries after a
+    # cached 2,048-token document -> 2,048 (only the last 32 slots need a mask)
+    return min(t.num_prefix_blocks for t in tiles) * block_size
+
+
+def _bias(q_pos, layout: _RunLayout, rules: MaskRules, num_open: int) -> torch.Tensor:
+    # q_pos: [N, Q] -> additive mask [N, 1, Q, L], 0 where a query sees a slot, -inf elsewhere;
+    # the first num_open slots are seen by every query (and hold its keys), so they stay 0
+    # and only the rest is compared
+    num_tiles, num_queries = q_pos.shape
+    positions = layout.positions[:, None, num_open:]  # [N, 1, L - open]
+    allowed = rules.allows(q_pos[:, :, None], positions)  # [N, Q, L - open]
+    if layout.valid is not None:
+        allowed &= layout.valid[:, None, num_open:]
+    bias = torch.zeros(num_tiles, 1, num_queries, layout.positions.shape[1],
+                       device=q_pos.device)
+    bias[:, 0, :, num_open:].masked_fill_(~allowed, float("-inf"))
+    return bias
 
 
 def _fused_attention(q, keys: _RunKeys, bias, scale: float) -> torch.Tensor:
