@@ -128,13 +128,29 @@ class SingleTypeManager(ABC):
         if end <= start:
             return 0
         null, freed = self.null_block, 0
-        retains = self.retains if self.retains_skipped else None
+        if self.retains_skipped:
+            for block in self._split_skipped(request, blocks, start, end)[0]:
+                if block.ref_cnt == 1:
+                    freed += 1
+            return freed
         for i in range(start, end):
             block = blocks[i]
-            if block.ref_cnt == 1 and block is not null and \
-                    (retains is None or not retains(request, i, block)):
+            if block.ref_cnt == 1 and block is not null:
                 freed += 1
         return freed
+
+    def _split_skipped(self, request: Request, blocks: list[Block], start: int,
+                       end: int) -> tuple[list[Block], list[Block]]:
+        """The blocks `start:end` that skipping takes off the list (nulls left
+        out): (released to the pool, retained until the request ends)."""
+        null, retains = self.null_block, self.retains
+        released: list[Block] = []
+        retained: list[Block] = []
+        for i in range(start, end):
+            block = blocks[i]
+            if block is not null:
+                (retained if retains(request, i, block) else released).append(block)
+        return released, retained
 
     # ---- commit --------------------------------------------------------------
 
@@ -171,15 +187,9 @@ class SingleTypeManager(ABC):
         if not self.retains_skipped:
             released = [b for b in blocks[start:end] if b is not null]
         else:
-            retains, released = self.retains, []
-            for i in range(start, end):
-                block = blocks[i]
-                if block is null:
-                    continue
-                if retains(request, i, block):
-                    self.retained_blocks.setdefault(rid, []).append(block)
-                else:
-                    released.append(block)
+            released, retained = self._split_skipped(request, blocks, start, end)
+            if retained:
+                self.retained_blocks.setdefault(rid, []).extend(retained)
         blocks[start:end] = [null] * (end - start)
         self.num_skipped[rid] = end
         released.reverse()

@@ -131,14 +131,29 @@ class MambaManager(SingleTypeManager):
         """The state at boundary i + 1 stays held until the request ends when it is
         cached and the request's hit started from it, or it is within the prompt at
         the junction, the prompt end or the grid."""
-        if block.block_hash is None:
-            return False
-        if block.num_hits:
-            return True
-        j, bs = i + 1, self.block_size
+        return bool(self._split_skipped(request, [block], 0, 1, first_boundary=i + 1)[1])
+
+    def _split_skipped(self, request: Request, blocks: list[Block], start: int, end: int,
+                       first_boundary: int | None = None) -> tuple[list[Block], list[Block]]:
+        # `retains` for a range, one loop and no call per block; block k of the range
+        # holds the state at boundary first_boundary + k - start (k + 1 by default)
+        bs, grid, null = self.block_size, self.prime_interval, self.null_block
         prompt_end = request.num_prompt_tokens // bs
-        return j <= prompt_end and (j == prompt_end or j % self.prime_interval == 0
-                                    or j == request.num_shared_prefix_tokens // bs)
+        junction = request.num_shared_prefix_tokens // bs
+        shift = (start + 1 if first_boundary is None else first_boundary) - start
+        released: list[Block] = []
+        retained: list[Block] = []
+        for i in range(start, end):
+            block = blocks[i]
+            if block is null:
+                continue
+            j = i + shift
+            if block.block_hash is not None and (block.num_hits or j <= prompt_end and (
+                    j == prompt_end or j % grid == 0 or j == junction)):
+                retained.append(block)
+            else:
+                released.append(block)
+        return released, retained
 
     def rate_released(self, request: Request, blocks: list[Block], start: int,
                       end: int) -> None:
