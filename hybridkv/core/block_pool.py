@@ -135,16 +135,18 @@ class BlockPool:
 
         The null block is skipped.
         """
-        remove = self.free_queue.remove
         null = self.null_block
+        queued = []
         for block in blocks:
             ref_cnt = block.ref_cnt
             if not ref_cnt:
                 if block is null:
                     continue
-                remove(block)
+                queued.append(block)
             block.ref_cnt = ref_cnt + 1
             block.num_hits += 1
+        if queued:
+            self.free_queue.remove_blocks(queued)
 
     def free_blocks(self, blocks: Iterable[Block], requeue: Sequence[Block] = ()) -> None:
         """Drop one reference on each block, given in the order to evict them.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -60,6 +60,11 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def remove(self, block: Block) -> None:
         """A free block got a holder again (a cache hit)."""
+
+    def remove_blocks(self, blocks: Sequence[Block]) -> None:
+        """`remove` for each of these free blocks (a hit on several at once)."""
+        for block in blocks:
+            self.remove(block)
 
     @abstractmethod
     def take(self, num_blocks: int) -> list[Block]:
@@ -106,6 +111,11 @@ class LRUPolicy(EvictionPolicy):
 
     def remove(self, block: Block) -> None:
         del self._queue[block]
+
+    def remove_blocks(self, blocks: Sequence[Block]) -> None:
+        queue = self._queue
+        for block in blocks:
+            del queue[block]
 
     def take(self, num_blocks: int) -> list[Block]:
         pop = self._queue.popitem

@@ -33,7 +33,7 @@ re-enters by its hit count.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from hybridkv.core.eviction import EVICTION_POLICIES, EvictionPolicy
@@ -116,6 +116,13 @@ class HybridPolicy(EvictionPolicy):
         del self._tiers[block.queue_slot][block]
         block.queue_slot = -1
         self._num_free -= 1
+
+    def remove_blocks(self, blocks: Sequence[Block]) -> None:
+        tiers = self._tiers
+        for block in blocks:
+            del tiers[block.queue_slot][block]
+            block.queue_slot = -1
+        self._num_free -= len(blocks)
 
     def take(self, num_blocks: int) -> list[Block]:
         tiers = self._tiers
