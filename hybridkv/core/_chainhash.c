@@ -301,8 +301,43 @@ PyDoc_STRVAR(chain_doc,
 "algo_id: 0 = sha256, 1 = xxhash (XXH3 128-bit, canonical). Raises\n"
 "ValueError for token ids that are not ints in [0, 2**32) and bad ranges.");
 
+static PyObject *
+max_token(PyObject *Py_UNUSED(self), PyObject *token_ids)
+{
+    PyObject *seq = PySequence_Fast(token_ids, "token_ids must be a sequence of ints");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint32_t best = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *obj = PySequence_Fast_ITEMS(seq)[i];  /* re-read: __index__ may resize */
+        uint32_t v;
+        int rc = PyLong_CheckExact(obj) ? read_exact_int(obj, &v)
+                                        : read_other_token(seq, obj, &v);
+        if (rc < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (v > best)
+            best = v;
+    }
+    Py_DECREF(seq);
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "token_ids: max of no tokens");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(best);
+}
+
+PyDoc_STRVAR(max_token_doc,
+"max_token(token_ids) -> int\n"
+"\n"
+"The largest token id, after checking every one is an int in [0, 2**32) as\n"
+"chain() does (ValueError naming the first that is not, or for no tokens).");
+
 static PyMethodDef chainhash_methods[] = {
     {"chain", chain, METH_VARARGS, chain_doc},
+    {"max_token", max_token, METH_O, max_token_doc},
     {NULL, NULL, 0, NULL},
 };
 

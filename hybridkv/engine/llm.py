@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hybridkv.core.hashing import check_token_ids
+from hybridkv.core.hashing import max_token_id
 from hybridkv.core.kv_cache_config import KVCacheConfig
 from hybridkv.engine.executor import ModelExecutor
 from hybridkv.engine.sampling import RequestOutput, Sampler, SamplingParams
@@ -206,9 +206,8 @@ class LLM:
             raise ValueError(f"prompt {i} is empty or not a list of token ids")
         vocab = self.runner.vocab_size
         ids = list(prompt)
-        try:
-            check_token_ids(ids)  # ints in [0, 2**32), checked in C when built
-            in_range = max(ids) < vocab  # (no min: the check above rules out negatives)
+        try:  # ints in [0, 2**32), checked in C when built, then below the vocabulary size
+            in_range = max_token_id(ids) < vocab
         except ValueError:
             in_range = False
         if not in_range:

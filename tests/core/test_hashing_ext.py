@@ -231,3 +231,44 @@ def test_index_errors_surface_alike_on_both_paths(monkeypatch, error, expected):
         m.setattr(hashing, "_chainhash", None)
         with pytest.raises(expected):
             hashing.compute_block_hashes(tokens, 16)
+
+
+@pytest.mark.parametrize("make", [list, tuple, lambda t: [np.int64(x) for x in t]],
+                         ids=["list", "tuple", "numpy-ints"])
+def test_max_token_id_is_max_on_both_paths(monkeypatch, make):
+    for n in (1, 2, 17, 2080):
+        tokens = _tokens(n, seed=n)
+        tokens[n // 2] = MAX_ID if n > 2 else tokens[n // 2]
+        assert hashing.max_token_id(make(tokens)) == max(tokens)
+        with monkeypatch.context() as m:
+            m.setattr(hashing, "_max_token", None)
+            m.setattr(hashing, "_chainhash", None)
+            assert hashing.max_token_id(make(tokens)) == max(tokens)
+
+
+@pytest.mark.parametrize("bad", BAD_TOKENS, ids=repr)
+def test_max_token_id_names_a_bad_token_on_both_paths(monkeypatch, bad):
+    tokens = _tokens(40, seed=3)
+    tokens[25] = bad
+    msg = f"token_ids: token id {bad!r} is not an int in [0, 2**32)"
+    for patched in (False, True):
+        with monkeypatch.context() as m:
+            if patched:
+                m.setattr(hashing, "_max_token", None)
+                m.setattr(hashing, "_chainhash", None)
+            with pytest.raises(ValueError) as err:
+                hashing.max_token_id(tokens)
+            assert str(err.value) == msg
+            with pytest.raises(ValueError, match="no tokens"):
+                hashing.max_token_id([])
+
+
+def test_max_token_refuses_a_list_changed_while_read(ext):
+    class Shrinker:
+        def __index__(self):
+            tokens.clear()
+            return 1
+
+    tokens = [2] * 5 + [Shrinker()] + [3] * 10
+    with pytest.raises(RuntimeError, match="changed"):
+        ext.max_token(tokens)
