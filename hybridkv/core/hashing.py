@@ -258,7 +258,7 @@ def check_token_ids(token_ids: Sequence[int]) -> None:
 def max_token_id(token_ids: Sequence[int]) -> int:
     """The largest token id, after `check_token_ids` (ValueError also for no tokens)."""
     if _max_token is not None and type(token_ids) is list:
-        return _max_token(token_ids)  # type: ignore[no-any-return]
+        return _max_token(token_ids)
     if not token_ids:
         raise ValueError("token_ids: max of no tokens")
     check_token_ids(token_ids)
