@@ -26,7 +26,7 @@ from hybridkv.request import Request
 
 __version__ = "0.1.0"
 
-_ENGINE_NAMES = ("LLM", "SamplingParams", "RequestOutput", "EngineStats")
+_ENGINE_NAMES = ("LLM", "SamplingParams", "RequestOutput", "RequestMetrics", "EngineStats")
 
 
 def __getattr__(name: str):
@@ -39,7 +39,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "LLM", "SamplingParams", "RequestOutput", "EngineStats",
+    "LLM", "SamplingParams", "RequestOutput", "RequestMetrics", "EngineStats",
     "AllBlocksCleared", "AttentionSpec", "Block", "BlockPool", "BlockRemoved", "BlockStored",
     "ChunkedLocalAttentionSpec", "EvictionPolicy", "FullAttentionSpec", "HybridCoordinator",
     "KVCacheBlocks", "KVCacheConfig", "KVCacheGroupSpec", "KVCacheManager", "KVCacheSpec",

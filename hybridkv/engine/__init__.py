@@ -1,6 +1,6 @@
 """The serving engine: scheduler, executor, sampling and the LLM front end."""
 
 from hybridkv.engine.llm import LLM, EngineStats
-from hybridkv.engine.sampling import RequestOutput, SamplingParams
+from hybridkv.engine.sampling import RequestMetrics, RequestOutput, SamplingParams
 
-__all__ = ["LLM", "EngineStats", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "EngineStats", "RequestMetrics", "RequestOutput", "SamplingParams"]

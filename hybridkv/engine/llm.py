@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ import torch
 from hybridkv.core.hashing import max_token_id
 from hybridkv.core.kv_cache_config import KVCacheConfig
 from hybridkv.engine.executor import ModelExecutor
-from hybridkv.engine.sampling import RequestOutput, Sampler, SamplingParams
+from hybridkv.engine.sampling import RequestMetrics, RequestOutput, Sampler, SamplingParams
 from hybridkv.engine.scheduler import ScheduledSeq, Scheduler, SeqState
 from hybridkv.kv_cache_manager import KVCacheManager
 from hybridkv.models.registry import load_model
@@ -107,8 +108,10 @@ class LLM:
         scheduled): empty, token ids outside the vocabulary, longer than the
         model's context, too large for the whole pool, or malformed keys.
         """
+        arrival = time.perf_counter()
         seqs = self._make_seqs(prompts, sampling_params)
         for seq in seqs:
+            seq.arrival_time = arrival
             self.scheduler.add(seq)
         progress = _progress(len(seqs), use_tqdm)
         while self.scheduler.has_work():
@@ -132,6 +135,7 @@ class LLM:
     def _sample(self, batch: list[ScheduledSeq], logits: torch.Tensor) -> int:
         finished = 0
         row = 0
+        now = None
         for item in batch:
             if not item.samples:
                 continue
@@ -139,8 +143,12 @@ class LLM:
             token = self.sampler.sample(logits[row], seq.request_id, seq.params, seq.index)
             row += 1
             req.append_output_token_ids(token)
+            if seq.first_token_time is None:
+                now = now or time.perf_counter()
+                seq.first_token_time = now
             reason = self._stop_reason(seq, token)
             if reason is not None:
+                seq.finished_time = time.perf_counter()
                 self.scheduler.finish(seq, reason)
                 self.sampler.forget(seq.request_id)
                 finished += 1
@@ -159,6 +167,9 @@ class LLM:
         req = seq.request
         out = RequestOutput(req.request_id, req.prompt_token_ids, req.output_token_ids,
                             max(seq.num_cached_tokens, 0), seq.finish_reason)
+        if seq.first_token_time is not None and seq.finished_time is not None:
+            out.metrics = RequestMetrics(seq.arrival_time, seq.first_token_time,
+                                         seq.finished_time)
         if self.tokenizer is not None:
             out.text = self.tokenizer.decode(out.output_token_ids)
         return out

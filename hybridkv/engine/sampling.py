@@ -36,6 +36,21 @@ class SamplingParams:
 
 
 @dataclass
+class RequestMetrics:
+    """When a request arrived, got its first output token and finished
+    (`time.perf_counter()` seconds)."""
+
+    arrival_time: float
+    first_token_time: float
+    finished_time: float
+
+    @property
+    def time_to_first_token(self) -> float:
+        """Seconds from arrival (the `generate` call) to the first sampled token."""
+        return self.first_token_time - self.arrival_time
+
+
+@dataclass
 class RequestOutput:
     """What `LLM.generate` returns for one prompt."""
 
@@ -45,6 +60,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     finish_reason: str | None = None  # "stop" (EOS) or "length" (max_tokens)
     text: str | None = None
+    metrics: RequestMetrics | None = None
 
 
 class Sampler:

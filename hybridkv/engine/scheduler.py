@@ -27,6 +27,10 @@ class SeqState:
     num_cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
     finish_reason: str | None = None
     num_preemptions: int = 0
+    # time.perf_counter() at the generate() call, the first sampled token, the finish
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finished_time: float | None = None
 
     @property
     def request_id(self) -> str:

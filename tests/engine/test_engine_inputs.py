@@ -1,6 +1,7 @@
 """The engine's bad inputs raise clear errors before any state changes; sampling is seeded."""
 
 import json
+import time
 
 import pytest
 
@@ -106,3 +107,23 @@ def test_stop_on_eos_and_max_tokens():
     llm.runner.eos_token_ids = (first,)  # make the first greedy token the EOS
     out = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=5))[0]
     assert out.output_token_ids == [first] and out.finish_reason == "stop"
+
+
+def test_request_metrics_follow_the_steps(llm):
+    """Arrival is the generate() call, the first token comes from the step that
+    finished the prompt, and the finish from the step that sampled the last token:
+    a 1-token request in the same batch finishes no later than a 6-token one, and
+    all of it lies inside the wall time of the call."""
+    before = time.perf_counter()
+    short, long = llm.generate([[3, 4, 5, 6], [7, 8, 9, 10]],
+                               [SamplingParams(max_tokens=1, ignore_eos=True),
+                                SamplingParams(max_tokens=6, ignore_eos=True)])
+    after = time.perf_counter()
+    for out in (short, long):
+        m = out.metrics
+        assert before <= m.arrival_time <= m.first_token_time <= m.finished_time <= after
+        assert m.time_to_first_token == m.first_token_time - m.arrival_time
+    assert short.metrics.arrival_time == long.metrics.arrival_time
+    assert short.metrics.first_token_time == long.metrics.first_token_time  # same step
+    assert short.metrics.finished_time < long.metrics.finished_time
+    assert long.metrics.finished_time > long.metrics.first_token_time  # five more steps
