@@ -136,7 +136,7 @@ class HybridCoordinator:
                                 num_tokens: int) -> None:
         """After `allocate`: cache the full blocks among the first `num_tokens`
         tokens (unless `block_hashes` is None), then set the request's
-        fast-path limits `quiet_*` (see `quiet_limits`)."""
+        fast-path limits `quiet_*` (see `SingleTypeManager.quiet_limits`)."""
         max_tokens = max_computed = 1 << 62
         for m in self.managers:
             if block_hashes is not None:
@@ -148,22 +148,6 @@ class HybridCoordinator:
                 max_computed = computed
         request.quiet_tokens = max_tokens
         request.quiet_computed = max_computed
-
-    def cache_blocks(self, request: Request, block_hashes: Sequence[bytes],
-                     num_tokens: int) -> None:
-        for manager in self.managers:
-            manager.cache_blocks(request, block_hashes, num_tokens)
-
-    def quiet_limits(self, request: Request) -> tuple[int, int]:
-        """Smallest (max tokens, max computed tokens) over the groups."""
-        max_tokens = max_computed = 1 << 62
-        for m in self.managers:
-            tokens, computed = m.quiet_limits(request)
-            if tokens < max_tokens:
-                max_tokens = tokens
-            if computed < max_computed:
-                max_computed = computed
-        return max_tokens, max_computed
 
     def num_releasable_retained(self) -> int:
         return sum(m.num_releasable_retained() for m in self.managers)

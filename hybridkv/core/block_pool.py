@@ -166,9 +166,7 @@ class BlockPool:
             if not ref_cnt:
                 freed.append(block)
         if requeue and self.free_queue.uses_hints:
-            remove = self.free_queue.remove
-            for block in requeue:
-                remove(block)
+            self.free_queue.remove_blocks(requeue)
             freed += requeue
         if freed:
             self.free_queue.add_free(freed)
@@ -212,13 +210,6 @@ class BlockPool:
             block.block_hash = block_hash
             block.group_id = group_id
             table[block_hash] = block
-
-    def rehint(self, block: Block, value_hint: int) -> None:
-        """Rate `block` again; a free one is queued anew by the policy (at the back of
-        its new place)."""
-        block.value_hint = value_hint
-        if block.ref_cnt == 0:
-            self.free_queue.hint_changed(block)
 
     def _note_recompute(self, block: Block) -> None:
         """A request computed data this block already caches (its hit stopped
