@@ -6,10 +6,10 @@ sequence's prefill. A tile sees sink keys `[0, num_sinks)` and one contiguous ru
 computed at once:
 
 1. gather, per tile, the cache blocks holding its run (and sinks), padded to the group's widest
-   tile: K/V `[num_tiles, num_slots, Hkv, D]`. Slots that hold no key of the tile (a block
-   partly before the window, past the sequence end, padding) are set to zero in K and V and
-   masked, so NaN left in a null or unused block never reaches the result: masked positions
-   are replaced, never multiplied by a zero weight;
+   tile: K/V `[num_tiles, num_slots, Hkv, D]`. Slots that hold no key of the tile are masked;
+   those that may hold NaN (past the sequence end, padding) are also set to zero in K and V,
+   since a masked weight is zero and zero times NaN is NaN. Slots before the window in its
+   first block hold keys written earlier, so masking them is enough;
 2. when every tile's run starts with the same cache blocks that all its queries see in full (a
    shared document under prefix caching), those blocks are gathered once and scored against all
    the group's queries together; only the rest is gathered per tile. Example: 32 decodes over a
@@ -63,11 +63,11 @@ class _RunLayout(NamedTuple):
     columns: torch.Tensor  # [N, C] block-table columns gathered, in order
     positions: torch.Tensor  # [N, L] key position held by each slot
     valid: torch.Tensor | None  # [N, L] slot holds a key of the tile; None: every slot does
-    invalid: torch.Tensor | None  # flat indices of the other slots into N * L
+    stale: torch.Tensor | None  # flat indices into N * L of the slots that may hold NaN
 
 
 class _RunKeys(NamedTuple):
-    key: torch.Tensor  # [N, L, Hkv, D] float32, zero in invalid slots
+    key: torch.Tensor  # [N, L, Hkv, D] float32, zero in stale slots
     value: torch.Tensor  # [N, L, Hkv, D]
     positions: torch.Tensor  # [N, L] key position held by each slot
     valid: torch.Tensor | None  # [N, L] slot holds a key of the tile; None: every slot does
@@ -199,18 +199,23 @@ def _run_layout(tiles: list[Tile], run_floor: int, block_size: int, device) -> _
     num_keys = sum(t.num_sinks + t.end - s for t, s in zip(tiles, starts))
     if num_keys == valid.numel():
         return _RunLayout(seq[:, None], columns, positions, None, None)
-    invalid = (~valid).flatten().nonzero().squeeze(1)  # indices into N * L
-    return _RunLayout(seq[:, None], columns, positions, valid, invalid)
+    # slots before the run's start in its first block hold keys written earlier (finite):
+    # masking them is enough. Only the others (past the end, sink padding) may hold NaN.
+    written = positions < start[:, None]
+    if sink_blocks:
+        written &= slot >= sink_blocks * block_size
+    stale = (~valid & ~written).flatten().nonzero().squeeze(1)  # indices into N * L
+    return _RunLayout(seq[:, None], columns, positions, valid, stale if len(stale) else None)
 
 
 def _gather_run(k_cache, v_cache, block_table, layout: _RunLayout) -> _RunKeys:
-    # the K/V of a layout's slots, zero where a slot holds no key of its tile
+    # the K/V of a layout's slots, zero where a slot may hold NaN (masked either way)
     key, value = _gather_blocks(k_cache, v_cache,
                                 block_table[layout.seq, layout.columns].long())
-    if layout.invalid is not None:
+    if layout.stale is not None:
         for gathered in (key, value):  # [N * L, Hkv * D] views
             gathered.view(-1, gathered.shape[2] * gathered.shape[3]).index_fill_(
-                0, layout.invalid, 0.0)
+                0, layout.stale, 0.0)
     return _RunKeys(key, value, layout.positions, layout.valid)
 
 
