@@ -25,6 +25,13 @@ global one, one kv head, MLP 6x wide):
         "sliding_attention", "sliding_attention", "full_attention",
         "sliding_attention", "sliding_attention", "sliding_attention",
         "sliding_attention", "sliding_attention", "full_attention"]}'
+
+It also takes a JSON file: `configs/gemma3_1b_dims.json` is Gemma 3 1B at its real dimensions
+(26 layers, hidden 1,152, head_dim 256, 262k vocabulary; random weights, about 4 GB), whose
+KV cache needs a larger budget than the default:
+
+    python benchmarks/bench_engine.py --preset gemma3-tiny --repeats 5 --throughput-repeats 0 \
+        --kv-cache-bytes 1500000000 --config-overrides benchmarks/configs/gemma3_1b_dims.json
 """
 
 from __future__ import annotations
@@ -85,8 +92,10 @@ def ttft(model, doc, questions, args) -> dict:
     runs: dict[str, list[tuple[float, float]]] = {"miss": [], "after_miss": [], "hit": [],
                                                   "alone": []}
     for i in range(args.repeats):
-        llm = LLM(model, block_size=args.block_size, max_num_batched_tokens=args.chunk)
-        warm = LLM(model, block_size=args.block_size, max_num_batched_tokens=args.chunk)
+        llm = LLM(model, block_size=args.block_size, max_num_batched_tokens=args.chunk,
+                  kv_cache_memory_bytes=args.kv_cache_bytes)
+        warm = LLM(model, block_size=args.block_size, max_num_batched_tokens=args.chunk,
+                   kv_cache_memory_bytes=args.kv_cache_bytes)
         # (warming up with a timed question would leave its first block cached)
         warm.generate(warm_up, one)
         runs["alone"].append(first_token(warm, questions[i % len(questions)], one))
@@ -116,7 +125,8 @@ def throughput(model, doc, questions, args) -> dict:
     for _ in range(args.throughput_repeats):
         for caching in (True, False):
             llm = LLM(model, enable_prefix_caching=caching, block_size=args.block_size,
-                      max_num_batched_tokens=args.chunk, max_num_seqs=args.max_num_seqs)
+                      max_num_batched_tokens=args.chunk, max_num_seqs=args.max_num_seqs,
+                      kv_cache_memory_bytes=args.kv_cache_bytes)
             runs[caching].append(len(prompts) / timed_generate(llm, prompts, params))
             hit_rate[caching] = llm.stats.prefix_hit_rate
     for caching in (True, False):
@@ -140,7 +150,11 @@ def build_model(args):
         return build_preset_model(args.preset, seed=args.seed)
     from transformers import AutoModelForCausalLM
 
-    config = get_preset(args.preset).build_config(**json.loads(args.config_overrides))
+    text = args.config_overrides
+    if os.path.isfile(text):
+        with open(text) as f:
+            text = f.read()
+    config = get_preset(args.preset).build_config(**json.loads(text))
     torch.manual_seed(args.seed)
     return AutoModelForCausalLM.from_config(config).eval()
 
@@ -159,10 +173,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--throughput-repeats", type=int, default=3, help="0: skip throughput")
     ap.add_argument("--hf-requests", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-cache-bytes", type=int, default=None,
+                    help="KV cache memory per engine (default: the engine's)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads (0: one per core; 1 is steadier on a shared machine)")
     ap.add_argument("--config-overrides", default=None,
-                    help="JSON of config values replacing the preset's (another model shape)")
+                    help="JSON of config values replacing the preset's (another model shape), "
+                         "or a file holding it")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
