@@ -1,9 +1,9 @@
 """Build of the optional C accelerator; the project metadata lives in pyproject.toml.
 
-`hybridkv.core._chainhash` (chained block hashing) needs a C compiler, the
+`hybridkv.kv_cache._chainhash` (chained block hashing) needs a C compiler, the
 OpenSSL headers and libcrypto (Debian: libssl-dev) and the xxHash header and
 library (Debian: libxxhash-dev). When any of them is missing the build still
-succeeds without the extension and `hybridkv.core.hashing` uses its
+succeeds without the extension and `hybridkv.kv_cache.hashing` uses its
 pure-Python loop, which gives the same digests, only slower.
 """
 
@@ -18,8 +18,8 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 _BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError)
 
 CHAINHASH = Extension(
-    "hybridkv.core._chainhash",
-    sources=["hybridkv/core/_chainhash.c"],
+    "hybridkv.kv_cache._chainhash",
+    sources=["hybridkv/kv_cache/_chainhash.c"],
     libraries=["crypto", "xxhash"],
     optional=True,
 )

@@ -7,7 +7,7 @@ Prompts are the fixed token streams of the shared benchmark traces
 when that module is not found. Each cell is the median of `--repeats` timed
 calls after one warm-up call. Both the C fast path and the pure-Python
 reference path are measured (the latter by disabling the extension in
-`hybridkv.core.hashing`). Results and machine details go to
+`hybridkv.kv_cache.hashing`). Results and machine details go to
 `benchmarks/results/hashing.json`.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import xxhash
 
-from hybridkv.core import hashing
+from hybridkv.kv_cache import hashing
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "hashing.json"

@@ -14,7 +14,7 @@ import time
 
 from common import write_result
 
-from hybridkv.core.block_pool import BlockPool
+from hybridkv.kv_cache.block_pool import BlockPool
 
 BATCH = 256
 

@@ -125,7 +125,7 @@ TestManagerMachine.settings = __import__("hypothesis").settings(
 
 def test_closed_form_quiet_limits_equal_the_generic_search():
     """Each type's closed form equals the base class's search over num_skipped_blocks."""
-    from hybridkv.managers.base import SingleTypeManager
+    from hybridkv.kv_cache.managers.base import SingleTypeManager
 
     for name, specs in CONFIGS.items():
         groups = [KVCacheGroupSpec([f"g{i}"], s) for i, s in enumerate(specs)]

@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hybridkv.core.block_pool import Block
-from hybridkv.kv_cache_manager import KVCacheManager
+from hybridkv.kv_cache.block_pool import Block
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 
 
 class GroupIds(NamedTuple):

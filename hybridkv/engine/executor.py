@@ -15,14 +15,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from hybridkv.core.kv_cache_config import KVCacheConfig
-from hybridkv.core.specs import AttentionSpec, MambaSpec
 from hybridkv.engine.block_ids import BlockIdCache
 from hybridkv.engine.kv_memory import allocate_kv_memory
 from hybridkv.engine.scheduler import ScheduledSeq
 from hybridkv.kernels.attention import AttentionBatch
-from hybridkv.kv_cache_manager import KVCacheManager
-from hybridkv.managers.mamba import mamba_state_plan
+from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.kv_cache.managers.mamba import mamba_state_plan
+from hybridkv.kv_cache.specs import AttentionSpec, MambaSpec
 from hybridkv.models.mamba_batch import MambaBatch
 
 

@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from hybridkv.core.kv_cache_config import KVCacheConfig
-from hybridkv.core.specs import AttentionSpec, KVCacheSpec, MambaSpec
+from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
+from hybridkv.kv_cache.specs import AttentionSpec, KVCacheSpec, MambaSpec
 
 
 def torch_dtype(name: str) -> torch.dtype:

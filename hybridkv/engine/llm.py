@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
-from hybridkv.core.hashing import max_token_id
-from hybridkv.core.kv_cache_config import KVCacheConfig
 from hybridkv.engine.executor import ModelExecutor
 from hybridkv.engine.sampling import RequestMetrics, RequestOutput, Sampler, SamplingParams
 from hybridkv.engine.scheduler import ScheduledSeq, Scheduler, SeqState
-from hybridkv.kv_cache_manager import KVCacheManager
+from hybridkv.kv_cache.hashing import max_token_id
+from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.kv_cache.request import Request
 from hybridkv.models.registry import load_model
-from hybridkv.request import Request
 
 DEFAULT_KV_CACHE_BYTES = 64 << 20
 # keys of a prompt given as a dict: the tokens (or text) and the keys of its cached blocks

@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hybridkv.engine.sampling import SamplingParams
-from hybridkv.kv_cache_manager import KVCacheManager
-from hybridkv.request import Request
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.kv_cache.request import Request
 
 
 @dataclass(eq=False)

@@ -22,14 +22,14 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from hybridkv.core.specs import (
+from hybridkv.kernels.attention import AttentionBatch, paged_attention, write_kv
+from hybridkv.kv_cache.specs import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     SlidingWindowSpec,
     dtype_name,
 )
-from hybridkv.kernels.attention import AttentionBatch, paged_attention, write_kv
 from hybridkv.models.mamba_batch import MambaBatch
 from hybridkv.models.rope import RotaryEmbedding, rotary_from_params
 

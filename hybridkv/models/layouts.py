@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hybridkv.core.specs import KVCacheSpec
+from hybridkv.kv_cache.specs import KVCacheSpec
 from hybridkv.models.registry import get_runner_class, supported_model_types
 
 # model_type and the config values that shape the KV cache, from the published configs

@@ -31,7 +31,6 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from hybridkv.core.specs import KVCacheSpec, MambaSpec
 from hybridkv.kernels.attention import AttentionBatch
 from hybridkv.kernels.conv1d import SpanOutput
 from hybridkv.kernels.mamba_gpu import (
@@ -42,6 +41,7 @@ from hybridkv.kernels.mamba_gpu import (
     selective_state_update,
     ssd_state_update,
 )
+from hybridkv.kv_cache.specs import KVCacheSpec, MambaSpec
 from hybridkv.models.base import AttentionLayer, ModelRunner, Step
 from hybridkv.models.mamba_batch import MambaBatch
 

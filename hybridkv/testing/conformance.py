@@ -14,7 +14,7 @@ the map; (c) a refused `allocate_slots` changes nothing; (d) a decoding
 request holds at most `decode_block_bound` blocks.
 
 >>> from hybridkv import SlidingWindowSpec
->>> from hybridkv.managers import SlidingWindowManager
+>>> from hybridkv.kv_cache.managers import SlidingWindowManager
 >>> from hybridkv.testing import run_conformance, sliding_window_is_reusable
 >>> run_conformance(SlidingWindowSpec, SlidingWindowManager, sliding_window_is_reusable,
 ...                 num_cases=20).assert_ok()
@@ -29,14 +29,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from unittest.mock import patch
 
-from hybridkv.core import specs as sp
-from hybridkv.core.block_pool import Block
-from hybridkv.core.eviction import make_eviction_policy
-from hybridkv.core.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
-from hybridkv.core.specs import KVCacheSpec
-from hybridkv.kv_cache_manager import KVCacheBlocks, KVCacheManager
-from hybridkv.managers import SPEC_TO_MANAGER, SingleTypeManager
-from hybridkv.request import Request
+from hybridkv.kv_cache import specs as sp
+from hybridkv.kv_cache.block_pool import Block
+from hybridkv.kv_cache.eviction.policy import make_eviction_policy
+from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
+from hybridkv.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from hybridkv.kv_cache.managers import SPEC_TO_MANAGER, SingleTypeManager
+from hybridkv.kv_cache.request import Request
+from hybridkv.kv_cache.specs import KVCacheSpec
 from hybridkv.testing import oracles as ref
 from hybridkv.testing.oracles import DecodeBound, Oracle, SpecSource, snapshot_diff, state_snapshot
 

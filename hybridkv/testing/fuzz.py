@@ -46,8 +46,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from hybridkv.core.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
-from hybridkv.core.specs import (
+from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.kv_cache.request import Request
+from hybridkv.kv_cache.specs import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
@@ -55,8 +57,6 @@ from hybridkv.core.specs import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from hybridkv.kv_cache_manager import KVCacheManager
-from hybridkv.request import Request
 from hybridkv.testing.oracles import (
     holder_problem,
     hybrid_expectation,

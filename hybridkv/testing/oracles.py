@@ -26,9 +26,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
-from hybridkv.core.block_pool import Block, BlockPool
-from hybridkv.core.events import AllBlocksCleared, BlockRemoved, BlockStored
-from hybridkv.core.specs import (
+from hybridkv.kv_cache.block_pool import Block, BlockPool
+from hybridkv.kv_cache.events import AllBlocksCleared, BlockRemoved, BlockStored
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.kv_cache.request import Request
+from hybridkv.kv_cache.specs import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
@@ -36,8 +38,6 @@ from hybridkv.core.specs import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from hybridkv.kv_cache_manager import KVCacheManager
-from hybridkv.request import Request
 
 Oracle = Callable[[int, AbstractSet[int], KVCacheSpec], bool]
 DecodeBound = Callable[[KVCacheSpec, int], "int | None"]

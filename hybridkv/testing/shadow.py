@@ -30,15 +30,15 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
-from hybridkv.core.block_pool import BlockPool
-from hybridkv.core.hashing import compute_block_hashes
-from hybridkv.core.specs import (
+from hybridkv.kv_cache.block_pool import BlockPool
+from hybridkv.kv_cache.hashing import compute_block_hashes
+from hybridkv.kv_cache.request import Request
+from hybridkv.kv_cache.specs import (
     ChunkedLocalAttentionSpec,
     KVCacheSpec,
     MambaSpec,
     SlidingWindowSpec,
 )
-from hybridkv.request import Request
 
 
 class ShadowViolation(AssertionError):

@@ -6,16 +6,16 @@ import sys
 
 import pytest
 
-from hybridkv.cli import main
-from hybridkv.demo import run_demo
 from hybridkv.models.layouts import KNOWN_MODELS, model_layout
-from hybridkv.simulate import load_trace, parse_bytes, simulate
+from hybridkv.tools.cli import main
+from hybridkv.tools.demo import run_demo
+from hybridkv.tools.simulate import load_trace, parse_bytes, simulate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "hybridkv.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hybridkv.tools.cli", *args], capture_output=True,
                           text=True, timeout=300)
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from paged_harness import assert_logits_close, random_tokens
 
-from hybridkv.core.specs import MambaSpec
 from hybridkv.kernels.attention import AttentionBatch
+from hybridkv.kv_cache.specs import MambaSpec
 from hybridkv.models.mamba_batch import MambaBatch
 
 NAN = float("nan")

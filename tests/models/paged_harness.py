@@ -16,8 +16,8 @@ import random
 import torch
 from transformers import AutoModelForCausalLM
 
-from hybridkv.core.specs import ChunkedLocalAttentionSpec, SlidingWindowSpec
 from hybridkv.kernels.attention import AttentionBatch
+from hybridkv.kv_cache.specs import ChunkedLocalAttentionSpec, SlidingWindowSpec
 from hybridkv.models import ModelRunner, get_preset
 
 

@@ -15,8 +15,8 @@ from hybrid_harness import (
 )
 from paged_harness import PagedCache, build_model, hf_generate
 
-from hybridkv.core.specs import FullAttentionSpec, MambaSpec
 from hybridkv.kernels.attention import AttentionBatch
+from hybridkv.kv_cache.specs import FullAttentionSpec, MambaSpec
 from hybridkv.models import load_model
 from hybridkv.models.jamba import JambaRunner
 from hybridkv.models.mamba_batch import MambaBatch

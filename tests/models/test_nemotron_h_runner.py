@@ -10,7 +10,7 @@ from hybrid_harness import (
 )
 from paged_harness import build_model, hf_generate
 
-from hybridkv.core.specs import FullAttentionSpec, MambaSpec
+from hybridkv.kv_cache.specs import FullAttentionSpec, MambaSpec
 from hybridkv.models import load_model
 from hybridkv.models.nemotron_h import NemotronHRunner
 from hybridkv.models.presets import get_preset

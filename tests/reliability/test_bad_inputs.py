@@ -36,12 +36,12 @@ from hybridkv import (
     SlidingWindowSpec,
     compute_block_hashes,
 )
-from hybridkv.cli import main as cli_main
-from hybridkv.core.eviction import EVICTION_POLICIES
-from hybridkv.managers import SPEC_TO_MANAGER
+from hybridkv.kv_cache.eviction.policy import EVICTION_POLICIES
+from hybridkv.kv_cache.managers import SPEC_TO_MANAGER
 from hybridkv.models.presets import PRESETS, build_preset_model
 from hybridkv.models.registry import RUNNERS
 from hybridkv.testing import state_snapshot
+from hybridkv.tools.cli import main as cli_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -70,9 +70,9 @@ def cli(*args: str) -> None:
 
 
 def cli_process(*args: str) -> None:
-    """`python -m hybridkv.cli ARGS` as its own process."""
+    """`python -m hybridkv.tools.cli ARGS` as its own process."""
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-m", "hybridkv.cli", *args], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "hybridkv.tools.cli", *args], capture_output=True,
                           text=True, env=env, timeout=300)
     _check_cli_output(done.returncode, done.stderr)
 

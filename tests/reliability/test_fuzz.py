@@ -12,10 +12,10 @@ from unittest.mock import patch
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from hybridkv.core.block_pool import NORMAL_VALUE, BlockPool
-from hybridkv.managers.base import SingleTypeManager
-from hybridkv.managers.mamba import MambaManager
-from hybridkv.managers.sliding_window import SlidingWindowManager
+from hybridkv.kv_cache.block_pool import NORMAL_VALUE, BlockPool
+from hybridkv.kv_cache.managers.base import SingleTypeManager
+from hybridkv.kv_cache.managers.mamba import MambaManager
+from hybridkv.kv_cache.managers.sliding_window import SlidingWindowManager
 from hybridkv.testing.fuzz import (
     CONFIGS,
     EVICTION_POLICIES,

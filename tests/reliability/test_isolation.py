@@ -28,7 +28,7 @@ from hybridkv import (
     SamplingParams,
     compute_block_hashes,
 )
-from hybridkv.core.hashing import seed_hash
+from hybridkv.kv_cache.hashing import seed_hash
 from hybridkv.models.presets import build_preset_model
 
 BLOCK = 4
@@ -141,13 +141,13 @@ def test_sha256_is_the_default_hash():
 HASH_SCRIPT = """
 import json, sys
 if sys.argv[1] == "no-c":
-    sys.modules["hybridkv.core._chainhash"] = None  # force the pure-Python path
+    sys.modules["hybridkv.kv_cache._chainhash"] = None  # force the pure-Python path
 from hybridkv import compute_block_hashes
 tokens = list(range(3, 70)) + [2**32 - 1]
 out = {algo: [h.hex() for h in compute_block_hashes(tokens, 4, hash_algo=algo,
                                                     cache_salt="tenant", lora_name="x")]
        for algo in ("sha256", "xxhash")}
-from hybridkv.core import hashing
+from hybridkv.kv_cache import hashing
 out["c_path"] = hashing._chainhash is not None
 print(json.dumps(out))
 """

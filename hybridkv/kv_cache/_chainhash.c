@@ -1,0 +1,356 @@
+/* Chained block hashing in C: the fast path of hybridkv/kv_cache/hashing.py.
+ *
+ * chain(algo_id, parent, token_ids, first_token, num_blocks, block_size, extra)
+ * hashes num_blocks consecutive blocks of token_ids starting at first_token.
+ * Block k's input is
+ *
+ *     previous digest (parent for k = 0) || block_size tokens as LE uint32 || extra
+ *
+ * and the result is the list of the num_blocks digests. algo_id 0 is SHA-256
+ * (OpenSSL libcrypto), 1 is XXH3 128-bit in canonical (big-endian) form, the
+ * digest of xxhash.xxh3_128_digest. Token ids must be ints in [0, 2**32)
+ * (bools are rejected); anything else raises ValueError naming the value and
+ * nothing is returned. The pure-Python loop in hashing.py is the reference.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+/* The low-level SHA256_* calls skip EVP's provider dispatch and are the
+ * faster choice for the short inputs hashed here; OpenSSL 3 marks them
+ * deprecated, which is silenced on purpose. */
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/sha.h>
+
+#include <xxhash.h>
+
+enum { ALGO_SHA256 = 0, ALGO_XXH3_128 = 1 };
+enum { MAX_DIGEST = 32, STACK_BUF = 4096 };
+
+static const char BAD_TOKEN_FMT[] = "token_ids: token id %R is not an int in [0, 2**32)";
+
+/* Raises the ValueError naming a bad token; returns -1. A pending
+ * TypeError or OverflowError (from __index__ or the conversion) is replaced,
+ * any other exception is left to propagate. */
+static int
+bad_token(PyObject *obj)
+{
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError) &&
+            !PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+    }
+    PyErr_Format(PyExc_ValueError, BAD_TOKEN_FMT, obj);
+    return -1;
+}
+
+/* Tokens that are not exact ints: bools (refused), int subclasses and
+ * objects with __index__ such as numpy integers (accepted, as `array` does). */
+static int
+read_token_slow(PyObject *obj, uint32_t *out)
+{
+    if (PyBool_Check(obj) || !PyIndex_Check(obj))
+        return bad_token(obj);
+    PyObject *index = PyNumber_Index(obj);
+    if (index == NULL)
+        return bad_token(obj);
+    unsigned long long v = PyLong_AsUnsignedLongLong(index);
+    Py_DECREF(index);
+    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > 0xFFFFFFFFULL)
+        return bad_token(obj);
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* Reads an exact int below 2**30 straight from its digit, without a call;
+ * returns 0 when obj needs the general conversion. */
+static inline int
+read_small_int(PyObject *obj, uint32_t *out)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyLongObject *v = (PyLongObject *)obj;
+    if (!PyUnstable_Long_IsCompact(v) || PyUnstable_Long_CompactValue(v) < 0)
+        return 0;
+    *out = (uint32_t)PyUnstable_Long_CompactValue(v);
+    return 1;
+#else
+    Py_ssize_t size = Py_SIZE(obj);  /* signed number of digits */
+    if (size == 1) {
+        *out = (uint32_t)((PyLongObject *)obj)->ob_digit[0];
+        return 1;
+    }
+    if (size == 0) {
+        *out = 0;
+        return 1;
+    }
+    return 0;
+#endif
+}
+
+/* One exact int token as a uint32; ValueError naming it unless in range. */
+static inline int
+read_exact_int(PyObject *obj, uint32_t *out)
+{
+    if (read_small_int(obj, out))
+        return 0;
+    unsigned long v = PyLong_AsUnsignedLong(obj);
+    if (v <= 0xFFFFFFFFUL) {  /* (unsigned long)-1 on error is out of range too */
+        *out = (uint32_t)v;
+        return 0;
+    }
+    return bad_token(obj);
+}
+
+/* Any other token. Its __index__ may run Python code that resizes the
+ * list being read, so the list is checked to be untouched afterwards. */
+static int
+read_other_token(PyObject *seq, PyObject *obj, uint32_t *out)
+{
+    PyObject *const *items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    Py_INCREF(obj);
+    int rc = read_token_slow(obj, out);
+    Py_DECREF(obj);
+    if (rc == 0 && (PySequence_Fast_ITEMS(seq) != items || PySequence_Fast_GET_SIZE(seq) != size)) {
+        PyErr_SetString(PyExc_RuntimeError, "token_ids changed while being hashed");
+        return -1;
+    }
+    return rc;
+}
+
+static inline void
+store_le32(unsigned char *dst, uint32_t v)
+{
+#if PY_LITTLE_ENDIAN
+    memcpy(dst, &v, 4);
+#else
+    dst[0] = (unsigned char)v;
+    dst[1] = (unsigned char)(v >> 8);
+    dst[2] = (unsigned char)(v >> 16);
+    dst[3] = (unsigned char)(v >> 24);
+#endif
+}
+
+/* Writes tokens seq[start:start + n] as little-endian uint32 to dst. */
+static int
+pack_tokens(PyObject *seq, Py_ssize_t start, Py_ssize_t n, unsigned char *dst)
+{
+    PyObject *const *items = PySequence_Fast_ITEMS(seq) + start;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t v;
+        int rc = PyLong_CheckExact(items[i]) ? read_exact_int(items[i], &v)
+                                             : read_other_token(seq, items[i], &v);
+        if (rc < 0)
+            return -1;  /* read_other_token also fails if items moved */
+        store_le32(dst + 4 * i, v);
+    }
+    return 0;
+}
+
+static inline Py_ssize_t
+digest_size(int algo)
+{
+    return algo == ALGO_SHA256 ? SHA256_DIGEST_LENGTH : (Py_ssize_t)sizeof(XXH128_canonical_t);
+}
+
+/* Digest of data[0:len] into out (digest_size(algo) bytes). */
+static inline void
+digest(int algo, const unsigned char *data, size_t len, unsigned char *out)
+{
+    if (algo == ALGO_SHA256) {
+        SHA256_CTX ctx;
+        SHA256_Init(&ctx);
+        SHA256_Update(&ctx, data, len);
+        SHA256_Final(out, &ctx);
+        return;
+    }
+    XXH128_hash_t h = XXH3_128bits(data, len);
+    XXH128_canonicalFromHash((XXH128_canonical_t *)out, h);
+}
+
+/* memcpy, inlined for the two digest sizes. */
+static inline void
+copy_prefix(unsigned char *dst, const char *src, Py_ssize_t n)
+{
+    if (n == 32)
+        memcpy(dst, src, 32);
+    else if (n == 16)
+        memcpy(dst, src, 16);
+    else if (n > 0)
+        memcpy(dst, src, (size_t)n);
+}
+
+/* Hashes the chain into result (a list of num_blocks NULL slots).
+ * buf holds one block input: [previous digest | tokens | extra]. */
+static int
+run_chain(int algo, const char *parent, Py_ssize_t parent_len, PyObject *seq,
+          Py_ssize_t first_token, Py_ssize_t num_blocks, Py_ssize_t block_size, const char *extra,
+          Py_ssize_t extra_len, unsigned char *buf, PyObject *result)
+{
+    Py_ssize_t token_bytes = block_size * 4;
+    Py_ssize_t out_len = digest_size(algo);
+    const char *prev = parent;
+    Py_ssize_t prev_len = parent_len;
+    for (Py_ssize_t k = 0; k < num_blocks; k++) {
+        copy_prefix(buf, prev, prev_len);
+        unsigned char *tok = buf + prev_len;
+        if (pack_tokens(seq, first_token + k * block_size, block_size, tok) < 0)
+            return -1;
+        if (extra_len > 0)
+            memcpy(tok + token_bytes, extra, (size_t)extra_len);
+        size_t len = (size_t)(prev_len + token_bytes + extra_len);
+        PyObject *h = PyBytes_FromStringAndSize(NULL, out_len);
+        if (h == NULL)
+            return -1;
+        PyList_SET_ITEM(result, k, h);
+        prev = PyBytes_AS_STRING(h);  /* the digest is written in place */
+        prev_len = out_len;
+        digest(algo, buf, len, (unsigned char *)prev);
+    }
+    return 0;
+}
+
+static int
+check_args(int algo, Py_ssize_t num_tokens, Py_ssize_t first_token, Py_ssize_t num_blocks,
+           Py_ssize_t block_size)
+{
+    if (algo != ALGO_SHA256 && algo != ALGO_XXH3_128) {
+        PyErr_Format(PyExc_ValueError, "algo_id must be 0 (sha256) or 1 (xxhash), got %d", algo);
+        return -1;
+    }
+    if (block_size < 1 || block_size > (PY_SSIZE_T_MAX - 2 * MAX_DIGEST) / 8) {
+        PyErr_Format(PyExc_ValueError, "block_size must be >= 1 (and fit in memory), got %zd",
+                     block_size);
+        return -1;
+    }
+    if (first_token < 0 || num_blocks < 0) {
+        PyErr_Format(PyExc_ValueError, "first_token and num_blocks must be >= 0, got %zd, %zd",
+                     first_token, num_blocks);
+        return -1;
+    }
+    if (first_token > num_tokens || num_blocks > (num_tokens - first_token) / block_size) {
+        PyErr_Format(PyExc_ValueError,
+                     "token_ids: %zd blocks of %zd tokens from %zd exceed %zd tokens",
+                     num_blocks, block_size, first_token, num_tokens);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+chain_impl(int algo, const char *parent, Py_ssize_t parent_len, PyObject *seq,
+           Py_ssize_t first_token, Py_ssize_t num_blocks, Py_ssize_t block_size,
+           const char *extra, Py_ssize_t extra_len)
+{
+    if (check_args(algo, PySequence_Fast_GET_SIZE(seq), first_token, num_blocks, block_size) < 0)
+        return NULL;
+    PyObject *result = PyList_New(num_blocks);
+    if (result == NULL || num_blocks == 0)
+        return result;
+    if (parent_len > PY_SSIZE_T_MAX / 4 || extra_len > PY_SSIZE_T_MAX / 4) {
+        Py_DECREF(result);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t prefix = parent_len > MAX_DIGEST ? parent_len : MAX_DIGEST;
+    Py_ssize_t need = prefix + block_size * 4 + extra_len;
+    unsigned char stack_buf[STACK_BUF];
+    unsigned char *buf = need <= STACK_BUF ? stack_buf : PyMem_Malloc((size_t)need);
+    if (buf == NULL) {
+        Py_DECREF(result);
+        return PyErr_NoMemory();
+    }
+    int rc = run_chain(algo, parent, parent_len, seq, first_token, num_blocks, block_size, extra,
+                       extra_len, buf, result);
+    if (buf != stack_buf)
+        PyMem_Free(buf);
+    if (rc < 0) {
+        Py_DECREF(result);  /* unfilled slots are NULL, which list dealloc skips */
+        return NULL;
+    }
+    return result;
+}
+
+static PyObject *
+chain(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    int algo;
+    const char *parent, *extra;
+    Py_ssize_t parent_len, extra_len, first_token, num_blocks, block_size;
+    PyObject *token_ids;
+    if (!PyArg_ParseTuple(args, "iy#Onnny#:chain", &algo, &parent, &parent_len, &token_ids,
+                          &first_token, &num_blocks, &block_size, &extra, &extra_len))
+        return NULL;
+    PyObject *seq = PySequence_Fast(token_ids, "token_ids must be a sequence of ints");
+    if (seq == NULL)
+        return NULL;
+    PyObject *result = chain_impl(algo, parent, parent_len, seq, first_token, num_blocks,
+                                  block_size, extra, extra_len);
+    Py_DECREF(seq);
+    return result;
+}
+
+PyDoc_STRVAR(chain_doc,
+"chain(algo_id, parent, token_ids, first_token, num_blocks, block_size, extra) -> list[bytes]\n"
+"\n"
+"Chained digests of the num_blocks blocks of token_ids[first_token:\n"
+"first_token + num_blocks * block_size]. Block k hashes the previous digest\n"
+"(parent for k = 0), its tokens as little-endian uint32, then extra.\n"
+"algo_id: 0 = sha256, 1 = xxhash (XXH3 128-bit, canonical). Raises\n"
+"ValueError for token ids that are not ints in [0, 2**32) and bad ranges.");
+
+static PyObject *
+max_token(PyObject *Py_UNUSED(self), PyObject *token_ids)
+{
+    PyObject *seq = PySequence_Fast(token_ids, "token_ids must be a sequence of ints");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint32_t best = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *obj = PySequence_Fast_ITEMS(seq)[i];  /* re-read: __index__ may resize */
+        uint32_t v;
+        int rc = PyLong_CheckExact(obj) ? read_exact_int(obj, &v)
+                                        : read_other_token(seq, obj, &v);
+        if (rc < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (v > best)
+            best = v;
+    }
+    Py_DECREF(seq);
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "token_ids: max of no tokens");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(best);
+}
+
+PyDoc_STRVAR(max_token_doc,
+"max_token(token_ids) -> int\n"
+"\n"
+"The largest token id, after checking every one is an int in [0, 2**32) as\n"
+"chain() does (ValueError naming the first that is not, or for no tokens).");
+
+static PyMethodDef chainhash_methods[] = {
+    {"chain", chain, METH_VARARGS, chain_doc},
+    {"max_token", max_token, METH_O, max_token_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef chainhash_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "hybridkv.kv_cache._chainhash",
+    .m_doc = "C fast path of hybridkv.kv_cache.hashing (chained block hashes).",
+    .m_size = -1,
+    .m_methods = chainhash_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__chainhash(void)
+{
+    return PyModule_Create(&chainhash_module);
+}

@@ -1,0 +1,177 @@
+"""The hybrid coordinator: one manager per KV cache group on one shared pool.
+
+Everything here is a fan-out over the managers except `find_longest_cache_hit`,
+the one hybrid algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from hybridkv.kv_cache.block_pool import Block, BlockPool
+from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
+from hybridkv.kv_cache.managers import SingleTypeManager, manager_class_for
+from hybridkv.kv_cache.request import Request
+
+GroupBlocks = tuple[list[Block], ...]
+
+
+class HybridCoordinator:
+    """Managers of all groups, the hash block size and the hit alignment.
+
+    Hashes are computed once at `hash_block_size` (the gcd of the groups'
+    block sizes); hits are multiples of `alignment` (their lcm).
+    """
+
+    def __init__(self, config: KVCacheConfig, pool: BlockPool, enable_caching: bool) -> None:
+        sizes = [g.kv_cache_spec.block_size for g in config.kv_cache_groups]
+        self.hash_block_size = math.gcd(*sizes)
+        self.alignment = math.lcm(*sizes)
+        self.pool = pool
+        self.managers: list[SingleTypeManager] = [
+            manager_class_for(g.kv_cache_spec)(g.kv_cache_spec, i, pool, self.hash_block_size,
+                                                enable_caching)
+            for i, g in enumerate(config.kv_cache_groups)
+        ]
+        # full attention first: any prefix of its hit is a hit, so it is looked up once
+        self._full_ids = [i for i, m in enumerate(self.managers) if m.downward_closed]
+        # per group, the length its own search found at the last lookup's first pass
+        # (for stats: what that group alone could reuse up to the full-attention match)
+        self.group_first_pass = [0] * len(self.managers)
+        self._other_ids = [i for i, m in enumerate(self.managers) if not m.downward_closed]
+        # groups whose prepare() without a hit releases skipped blocks
+        self._skipping = [m for m in self.managers if m.skips]
+
+    # ---- the hybrid algorithm ------------------------------------------------
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
+                               max_length: int) -> tuple[GroupBlocks, int, int]:
+        """Blocks of every group for the longest length all groups can reuse.
+
+        Returns (blocks per group, that length, the length the full-attention
+        groups alone matched: where this prompt diverges from the cache).
+
+        The answer is the largest L <= `max_length`, multiple of the alignment,
+        that every group accepts. Each group shrinks L to its own longest
+        reusable length at or below L; this repeats until no group shrinks it.
+        L only decreases and every common reusable length stays <= L, so the
+        loop ends at the greatest common one.
+
+        Example (B=4, window W=5 needs 1 block, full needs all): cached full
+        blocks 0-3, window blocks 1 and 3, max_length 16. Full: L=16. Window:
+        block 3 cached -> L=16, done: ([f0, f1, f2, f3], [null, null, null, w3]).
+        With window block 3 evicted: window shrinks to L=8 (block 1), full
+        accepts 8 -> ([f0, f1], [null, w1]).
+        """
+        align = self.alignment
+        length = max_length // align * align
+        hits: dict[int, list[Block]] = {}
+        first_pass = self.group_first_pass
+        for i in self._full_ids:  # looked up once, trimmed at the end
+            hit = self.managers[i].find_longest_cache_hit(block_hashes, length)
+            hits[i] = hit
+            first_pass[i] = len(hit) * self.managers[i].block_size
+            length = min(length, first_pass[i]) // align * align
+        matched = length
+        others = self._other_ids
+        for i in others:
+            first_pass[i] = -1
+        settled = not others
+        while not settled and length > 0:
+            settled = True
+            for i in others:
+                hit = self.managers[i].find_longest_cache_hit(block_hashes, length)
+                found = len(hit) * self.managers[i].block_size // align * align
+                hits[i] = hit
+                if first_pass[i] < 0:
+                    first_pass[i] = len(hit) * self.managers[i].block_size
+                if found < length:
+                    length, settled = found, False
+        for i in others:
+            if first_pass[i] < 0:  # not searched: the full-attention match was 0
+                first_pass[i] = 0
+        return self._trim(hits, length), length, matched
+
+    def _trim(self, hits: dict[int, list[Block]], length: int) -> GroupBlocks:
+        out = []
+        for i, manager in enumerate(self.managers):
+            hit = hits.get(i, [])
+            n = length // manager.block_size
+            out.append(hit if len(hit) == n else hit[:n])
+        return tuple(out)
+
+    # ---- fan-out -------------------------------------------------------------
+
+    def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
+                               num_tokens: int, hit: GroupBlocks | None) -> int:
+        """Net free-queue blocks all groups take (see SingleTypeManager)."""
+        need = 0
+        if hit is None:
+            for m in self.managers:
+                need += m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, None)
+            return need
+        for m, h in zip(self.managers, hit):
+            need += m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, h)
+        return need
+
+    def allocate(self, request: Request, num_computed_tokens: int, num_tokens: int,
+                 hit: GroupBlocks | None, releases: bool = True) -> GroupBlocks:
+        """Release skipped blocks or adopt the hit in every group, then allocate.
+
+        `releases=False`: the caller knows no group releases a block at
+        `num_computed_tokens` (below the request's `quiet_computed`).
+        """
+        managers = self.managers
+        if hit is None:
+            for m in self._skipping if releases else ():
+                m.remove_skipped_blocks(request, num_computed_tokens)
+        else:
+            for m, h in zip(managers, hit):
+                m.prepare(request, num_computed_tokens, h)
+        return tuple([m.allocate_new_blocks(request, num_computed_tokens, num_tokens)
+                      for m in managers])
+
+    def cache_blocks_and_limits(self, request: Request, block_hashes: Sequence[bytes] | None,
+                                num_tokens: int) -> None:
+        """After `allocate`: cache the full blocks among the first `num_tokens`
+        tokens (unless `block_hashes` is None), then set the request's
+        fast-path limits `quiet_*` (see `SingleTypeManager.quiet_limits`)."""
+        max_tokens = max_computed = 1 << 62
+        for m in self.managers:
+            if block_hashes is not None:
+                m.cache_blocks(request, block_hashes, num_tokens)
+            tokens, computed = m.quiet_limits(request)
+            if tokens < max_tokens:
+                max_tokens = tokens
+            if computed < max_computed:
+                max_computed = computed
+        request.quiet_tokens = max_tokens
+        request.quiet_computed = max_computed
+
+    def num_releasable_retained(self) -> int:
+        return sum(m.num_releasable_retained() for m in self.managers)
+
+    def release_retained(self) -> None:
+        for m in self.managers:
+            m.release_retained()
+
+    def free(self, request: Request) -> None:
+        for manager in self.managers:
+            manager.free(request)
+
+    def get_blocks(self, request_id: str) -> GroupBlocks:
+        return tuple(m.get_blocks(request_id) for m in self.managers)
+
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
+        return sum(m.max_blocks_held(num_tokens, max_chunk_tokens) for m in self.managers)
+
+    def check_integrity(self) -> None:
+        """Pool and group invariants; ref counts equal holders."""
+        holders = [b for m in self.managers for b in m.holders()]
+        holders += [b for m in self.managers for b in getattr(m, "sink_blocks", ())]
+        self.pool.check_integrity(holders)
+        for manager in self.managers:
+            manager.check_integrity()
+        if not holders:
+            assert self.pool.num_free_blocks == self.pool.num_blocks - 1, "leaked blocks"

@@ -1,0 +1,340 @@
+"""KVCacheManager: the scheduler's only door to the KV cache.
+
+Which blocks a request holds in every group, which of its tokens are already
+computed (prefix cache hits), and what becomes reusable. Check, then commit:
+`allocate_slots` first works out how many blocks every group needs, returns
+None when the pool can't supply them, and only then changes anything.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from hybridkv.kv_cache.block_pool import BlockPool
+from hybridkv.kv_cache.coordinator import GroupBlocks, HybridCoordinator
+from hybridkv.kv_cache.events import EventSubscriber
+from hybridkv.kv_cache.eviction.policy import DEFAULT_EVICTION_POLICY
+from hybridkv.kv_cache.hashing import check_hash_algo
+from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
+from hybridkv.kv_cache.request import Request
+
+# lookups of one prompt start that found nothing before a warning is issued
+REPEATED_MISS_WARNING = 3
+
+
+class KVCacheBlocks:
+    """Blocks per group, as returned by `get_computed_blocks` and `allocate_slots`."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, blocks: GroupBlocks) -> None:
+        self.blocks = blocks
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlocks({self.get_block_ids()})"
+
+
+@dataclass
+class PrefixCacheStats:
+    """Cumulative counters; reading them resets nothing.
+
+    `queries` and `hits` count tokens (prompt tokens looked up, tokens
+    reused); `requests` counts lookups. Per group: `group_hits[g]`, the
+    tokens group g alone could have reused (up to the full-attention match);
+    `group_evictions[g]`, cached blocks of g recycled for new data.
+    `stranded_tokens`: tokens whose full-attention blocks were cached but
+    unusable because another group (a window, a Mamba state) was missing.
+    """
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    stranded_tokens: int = 0
+    evictions: int = 0
+    group_hits: list[int] = field(default_factory=list)
+    group_evictions: list[int] = field(default_factory=list)
+
+    def group_hit_rate(self, group_id: int) -> float:
+        return self.group_hits[group_id] / self.queries if self.queries else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+def _check_count(name: str, value: object) -> int:
+    if type(value) is not int or value < 0:  # noqa: E721 - bools are not counts
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+class KVCacheManager:
+    """Prefix-cached KV blocks for every group of a (hybrid) model on one pool.
+
+    Args:
+        kv_cache_config: the groups and the pool size.
+        enable_caching: reuse blocks across requests (prefix caching).
+        hash_algo: "sha256" (default) or "xxhash".
+        eviction_policy: a registered policy name: "hybrid" (default,
+            retention-aware, see hybridkv.kv_cache.eviction.hybrid) or "lru"
+            (exactly the LRU order of API.md).
+    """
+
+    def __init__(self, kv_cache_config: KVCacheConfig, *, enable_caching: bool = True,
+                 hash_algo: str = "sha256",
+                 eviction_policy: str = DEFAULT_EVICTION_POLICY) -> None:
+        if not isinstance(kv_cache_config, KVCacheConfig):
+            raise ValueError(f"kv_cache_config must be a KVCacheConfig, "
+                             f"got {type(kv_cache_config).__name__}")
+        self.hash_algo = check_hash_algo(hash_algo)
+        self.enable_caching = bool(enable_caching)
+        self.config = kv_cache_config
+        self.pool = BlockPool(kv_cache_config.num_blocks, len(kv_cache_config.kv_cache_groups),
+                              eviction_policy=eviction_policy)
+        self.coordinator = HybridCoordinator(kv_cache_config, self.pool, self.enable_caching)
+        self.hash_block_size = self.coordinator.hash_block_size
+        self.num_groups = len(kv_cache_config.kv_cache_groups)
+        self._stats = PrefixCacheStats(group_hits=[0] * self.num_groups)
+        # requests holding blocks; each carries the fast path's limits (`quiet_*`)
+        self._requests: dict[str, Request] = {}
+        self._no_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
+        self._missed_prefixes: dict[bytes, int] = {}
+        self._warned = False
+
+    # ---- lookups -------------------------------------------------------------
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """Longest prefix every group can reuse: (blocks per group, num tokens).
+
+        Never more than `num_tokens - 1`; a multiple of every group's block
+        size; 0 when caching is off. Changes nothing but the stats.
+        """
+        if not isinstance(request, Request):
+            raise ValueError(f"request must be a Request, got {type(request).__name__}")
+        if not self.enable_caching:
+            return self._no_blocks, 0
+        hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
+        blocks, num_tokens, matched = self.coordinator.find_longest_cache_hit(
+            hashes, request.num_tokens - 1)
+        request.num_shared_prefix_tokens = matched
+        stats = self._stats
+        stats.requests += 1
+        stats.queries += request.num_tokens
+        stats.hits += num_tokens
+        stats.stranded_tokens += matched - num_tokens
+        for g, n in enumerate(self.coordinator.group_first_pass):
+            stats.group_hits[g] += n
+        if num_tokens == 0 and hashes and not self._warned:
+            self._note_repeated_miss(hashes[0])
+        return KVCacheBlocks(blocks), num_tokens
+
+    def _note_repeated_miss(self, first_hash: bytes) -> None:
+        """Warn once when the same prompt start keeps missing: reuse is being lost."""
+        misses = self._missed_prefixes
+        count = misses.get(first_hash, 0) + 1
+        if len(misses) >= 4096 and first_hash not in misses:
+            misses.clear()
+        misses[first_hash] = count
+        if count >= REPEATED_MISS_WARNING:
+            self._warned = True
+            warnings.warn(
+                f"prefix caching: a prompt prefix was looked up {count} times and found "
+                f"nothing reusable each time; the pool ({self.pool.num_blocks} blocks) may be "
+                f"too small for the working set, or blocks are evicted before reuse (see "
+                f"prefix_cache_stats: evictions, stranded_tokens)", RuntimeWarning, stacklevel=3)
+
+    # ---- allocation ----------------------------------------------------------
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None) -> KVCacheBlocks | None:
+        """Reserve slots for the next `num_new_tokens` tokens after the computed ones.
+
+        `num_new_computed_tokens`/`new_computed_blocks` adopt a hit from
+        `get_computed_blocks` (for a request that holds no blocks). Returns
+        the newly allocated blocks per group, or None, with no state change
+        at all, when the pool can't supply them. Raises ValueError for
+        counts past the request's tokens or a hit that does not match.
+        """
+        if not num_new_computed_tokens:  # a request this manager holds: checked already
+            try:
+                owner = request.quiet_owner
+            except AttributeError:  # not a Request: the checked path raises
+                owner = None
+            if owner is self and type(num_new_tokens) is int and num_new_tokens >= 0:
+                computed = request.num_computed_tokens
+                num_tokens = computed + num_new_tokens
+                if num_tokens <= len(request.all_token_ids):
+                    if num_tokens <= request.quiet_tokens and computed <= request.quiet_computed:
+                        return self._no_blocks  # fast path: an allocation that changes nothing
+                    if type(num_new_computed_tokens) is int:
+                        return self._allocate(request, computed, num_tokens, None,
+                                              computed > request.quiet_computed)
+        num_tokens = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
+                                            new_computed_blocks)
+        hit = new_computed_blocks.blocks if num_new_computed_tokens else None  # type: ignore
+        computed = request.num_computed_tokens + num_new_computed_tokens
+        blocks = self._allocate(request, computed, num_tokens, hit)
+        if blocks is not None:
+            self._requests[request.request_id] = request
+            request.quiet_owner = self
+        return blocks
+
+    def _allocate(self, request: Request, computed: int, num_tokens: int,
+                  hit: GroupBlocks | None, releases: bool = True) -> KVCacheBlocks | None:
+        """Check, then commit, an allocation the caller has validated.
+
+        `releases=False` when the request's own limits show no group
+        releases a block at `computed`."""
+        coordinator = self.coordinator
+        need = coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit)
+        if need > len(self.pool.free_queue):
+            # states kept only for reuse never stop a running request (a preemption):
+            # give them up first; a new request waits for them like for held blocks
+            if request.request_id not in self._requests or need > \
+                    len(self.pool.free_queue) + coordinator.num_releasable_retained():
+                return None
+            coordinator.release_retained()
+            if coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit) > \
+                    len(self.pool.free_queue):
+                return None  # pragma: no cover (released blocks only add free ones)
+        new_blocks = coordinator.allocate(request, computed, num_tokens, hit, releases)
+        hashes = request.block_hashes(self.hash_algo, self.hash_block_size) \
+            if self.enable_caching else None
+        coordinator.cache_blocks_and_limits(request, hashes, num_tokens)
+        return KVCacheBlocks(new_blocks)
+
+    def _check_allocation(self, request: Request, num_new_tokens: int,
+                          num_new_computed_tokens: int,
+                          new_computed_blocks: KVCacheBlocks | None) -> int:
+        """Validate an allocate_slots call; return the token count after it."""
+        if type(request) is not Request and not isinstance(request, Request):
+            raise ValueError(f"request must be a Request, got {type(request).__name__}")
+        if type(num_new_tokens) is not int or num_new_tokens < 0:
+            _check_count("num_new_tokens", num_new_tokens)
+        if type(num_new_computed_tokens) is not int or num_new_computed_tokens:
+            _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        held = self._requests.get(request.request_id)
+        if held is not None and held is not request:
+            raise ValueError(f"request id {request.request_id!r} is already in use by "
+                             f"another request holding blocks")
+        num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        if num_tokens > len(request.all_token_ids):
+            raise ValueError(
+                f"request {request.request_id!r}: {request.num_computed_tokens} computed + "
+                f"{num_new_computed_tokens} cached + {num_new_tokens} new tokens exceed its "
+                f"{request.num_tokens} tokens")
+        if num_new_computed_tokens:
+            self._check_hit(request, num_new_computed_tokens, new_computed_blocks)
+        return num_tokens
+
+    def _check_hit(self, request: Request, num_new_computed_tokens: int,
+                   new_computed_blocks: KVCacheBlocks | None) -> None:
+        if not isinstance(new_computed_blocks, KVCacheBlocks):
+            raise ValueError("new_computed_blocks must be the KVCacheBlocks that "
+                             "get_computed_blocks returned with num_new_computed_tokens")
+        if request.request_id in self._requests or request.num_computed_tokens:
+            raise ValueError(f"request {request.request_id!r} already holds blocks; a cache "
+                             f"hit can only be adopted by a request starting from 0")
+        for manager, blocks in zip(self.coordinator.managers, new_computed_blocks.blocks):
+            if len(blocks) * manager.block_size != num_new_computed_tokens:
+                raise ValueError(
+                    f"new_computed_blocks cover {len(blocks) * manager.block_size} tokens in "
+                    f"group {manager.group_id}, not num_new_computed_tokens="
+                    f"{num_new_computed_tokens}")
+
+    def free(self, request: Request) -> None:
+        """Return the request's blocks; cached ones stay reusable until evicted.
+
+        Idempotent: freeing a request that holds nothing does nothing.
+        """
+        held = self._requests.get(getattr(request, "request_id", None))  # type: ignore[arg-type]
+        if held is not None and held is not request:
+            raise ValueError(f"free: request id {request.request_id!r} is held by another "
+                             f"Request object; free that one")
+        self.coordinator.free(request)
+        if held is not None:
+            del self._requests[request.request_id]
+            request.quiet_owner = None
+
+    # ---- views and admin -----------------------------------------------------
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's blocks, one list per group in token order (the live
+        lists: read them, do not change them)."""
+        return KVCacheBlocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """One list per group in token order; `null_block_id` where not needed."""
+        return tuple([b.block_id for b in blocks]
+                     for blocks in self.coordinator.get_blocks(request_id))
+
+    def get_retained_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """Per group, blocks held for the request that `get_block_ids` no longer
+        lists: cached Mamba states a likely hit stops at, kept until the request
+        ends so that they leave the cache with the prefix they complete."""
+        return tuple([b.block_id for b in m.retained(request_id)]
+                     for m in self.coordinator.managers)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop these blocks from the prefix cache; running requests keep them.
+
+        Raises ValueError (changing nothing) for ids outside the pool.
+        """
+        self.pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache; False (nothing done) while a request holds blocks."""
+        return self.pool.reset_prefix_cache()
+
+    def can_fit(self, num_tokens: int, max_chunk_tokens: int | None = None) -> bool:
+        """Whether a request of `num_tokens` tokens fits in the pool when nothing
+        else holds blocks, computed in chunks of `max_chunk_tokens` (all at once
+        by default). False means it can never run, not that it must wait."""
+        chunk = num_tokens if max_chunk_tokens is None else max_chunk_tokens
+        usable = self.pool.num_blocks - 1 - self.pool.num_pinned
+        return self.coordinator.max_blocks_held(num_tokens, max(chunk, 1)) <= usable
+
+    def on_stale_blocks(self, callback) -> None:
+        """Debug hook: `callback(block_ids)` when blocks stop holding valid data
+        (taken for new data, or freed with nothing cached)."""
+        self.pool.on_stale_blocks(callback)
+
+    def subscribe(self, callback: EventSubscriber) -> None:
+        """Receive BlockStored / BlockRemoved / AllBlocksCleared events."""
+        self.pool.subscribe(callback)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    @property
+    def null_block_id(self) -> int:
+        return self.pool.null_block.block_id
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        stats = self._stats
+        stats.evictions = self.pool.num_evictions
+        stats.group_evictions = list(self.pool.group_evictions)
+        return stats
+
+    @property
+    def num_evictions(self) -> int:
+        return self.pool.num_evictions
+
+    def check_integrity(self) -> None:
+        """Assert every invariant of the pool and the groups."""
+        self.coordinator.check_integrity()
+        for manager in self.coordinator.managers:
+            for rid in manager.req_to_blocks:
+                assert rid in self._requests, f"{rid} holds blocks but is not tracked"

@@ -1,0 +1,406 @@
+"""The base every per-type manager extends.
+
+A manager owns one KV cache group: each request's block list in token order
+(the null block where the group does not need a block), the cache-hit search
+of its attention type, and its rule for blocks a request no longer needs.
+Allocation, freeing and caching of full blocks are written once here.
+
+Hashes arrive at the hash block size (the gcd of all groups' block sizes);
+a group whose block is `stride` hash blocks long keys block i by hash
+`(i + 1) * stride - 1`, the hash of the last small block inside it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Sequence
+from itertools import chain
+from typing import ClassVar
+
+from hybridkv.kv_cache.block_pool import JUNCTION, PROTECTED, Block, BlockPool
+from hybridkv.kv_cache.request import Request
+from hybridkv.kv_cache.specs import KVCacheSpec
+
+
+class SingleTypeManager(ABC):
+    """Block lists and reuse rules of one KV cache group.
+
+    Subclasses implement `find_longest_cache_hit` and `num_skipped_blocks`;
+    they may override allocation when their blocks are not one per token
+    block (Mamba).
+    """
+
+    spec_class: ClassVar[type[KVCacheSpec]]
+    # True when every prefix of a reusable length is reusable too (full attention):
+    # the coordinator then looks the group up once and trims its hit.
+    downward_closed: ClassVar[bool] = False
+    # False when the type never releases blocks before the request ends
+    skips: ClassVar[bool] = True
+    # True when `retains` may keep skipped blocks held until the request ends
+    retains_skipped: ClassVar[bool] = False
+    # True when `protects` may rate skipped blocks PROTECTED until the request ends
+    protects_skipped: ClassVar[bool] = False
+
+    def __init__(self, spec: KVCacheSpec, group_id: int, pool: BlockPool,
+                 hash_block_size: int, enable_caching: bool = True) -> None:
+        if spec.block_size % hash_block_size:
+            raise ValueError(f"block_size {spec.block_size} of group {group_id} is not a "
+                             f"multiple of the hash block size {hash_block_size}")
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.group_id = group_id
+        self.pool = pool
+        self.null_block = pool.null_block
+        self.stride = spec.block_size // hash_block_size
+        self.enable_caching = enable_caching
+        self.req_to_blocks: dict[str, list[Block]] = {}
+        self.num_cached_blocks: dict[str, int] = {}
+        self.num_skipped: dict[str, int] = {}
+        # leading blocks never released by skipping (sink blocks)
+        self.num_kept_head_blocks = 0
+        # per request: blocks skipping took off its list that it keeps held until it
+        # ends (see `retains`)
+        self.retained_blocks: dict[str, list[Block]] = {}
+        # per request: blocks skipping released rated PROTECTED (block, its hash, the
+        # rating it had), and per block id how many running requests protect it
+        self.protected_blocks: dict[str, list[tuple[Block, bytes, int]]] = {}
+        self.num_protecting: dict[int, int] = {}
+
+    # ---- the type's rules ----------------------------------------------------
+
+    @abstractmethod
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
+                               max_length: int) -> list[Block]:
+        """Cached blocks for the longest reusable length <= `max_length`.
+
+        The length is `len(result) * block_size`; positions this type does
+        not need hold the null block, e.g. `[null, null, b7, b8]`. A query:
+        changes nothing.
+        """
+
+    @abstractmethod
+    def num_skipped_blocks(self, request: Request, num_computed_tokens: int) -> int:
+        """Leading block positions the request no longer needs once
+        `num_computed_tokens` tokens are computed (never decreases)."""
+
+    # ---- helpers for hit searches ----------------------------------------------
+
+    def group_hashes(self, block_hashes: Sequence[bytes], num_blocks: int) -> Sequence[bytes]:
+        """This group's first `num_blocks` block hashes."""
+        if self.stride == 1:
+            return block_hashes[:num_blocks]
+        s = self.stride
+        return block_hashes[s - 1:num_blocks * s:s]
+
+    # ---- check ---------------------------------------------------------------
+
+    def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
+                               num_tokens: int, hit: Sequence[Block] | None) -> int:
+        """Net blocks `allocate` takes from the free queue to cover `num_tokens`.
+
+        New blocks, plus hit blocks sitting in the free queue (touching them
+        removes them), minus blocks that skipping returns to it. `hit` is
+        only given for a request that holds no blocks yet; then
+        `num_computed_tokens` includes it.
+        """
+        if hit:
+            return max(-(-num_tokens // self.block_size) - len(hit), 0) + self.num_evictable(hit)
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return -(-num_tokens // self.block_size)
+        need = -(-num_tokens // self.block_size) - len(blocks)
+        if need < 0:
+            need = 0
+        if self.skips:
+            need -= self._num_freed_by_skip(request, blocks, num_computed_tokens)
+        return need
+
+    def num_evictable(self, blocks: Sequence[Block]) -> int:
+        """How many of these blocks sit in the free queue (touching them removes them)."""
+        null = self.null_block
+        return [b.ref_cnt for b in blocks if b is not null].count(0)
+
+    def _num_freed_by_skip(self, request: Request, blocks: list[Block],
+                           num_computed_tokens: int) -> int:
+        start = self.num_skipped.get(request.request_id, self.num_kept_head_blocks)
+        end = min(self.num_skipped_blocks(request, num_computed_tokens), len(blocks))
+        if end <= start:
+            return 0
+        null, freed = self.null_block, 0
+        if self.retains_skipped:
+            for block in self._split_skipped(request, blocks, start, end)[0]:
+                if block.ref_cnt == 1:
+                    freed += 1
+            return freed
+        for i in range(start, end):
+            block = blocks[i]
+            if block.ref_cnt == 1 and block is not null:
+                freed += 1
+        return freed
+
+    def _split_skipped(self, request: Request, blocks: list[Block], start: int,
+                       end: int) -> tuple[list[Block], list[Block]]:
+        """The blocks `start:end` that skipping takes off the list (nulls left
+        out): (released to the pool, retained until the request ends)."""
+        null, retains = self.null_block, self.retains
+        released: list[Block] = []
+        retained: list[Block] = []
+        for i in range(start, end):
+            block = blocks[i]
+            if block is not null:
+                (retained if retains(request, i, block) else released).append(block)
+        return released, retained
+
+    # ---- commit --------------------------------------------------------------
+
+    def prepare(self, request: Request, num_computed_tokens: int,
+                hit: Sequence[Block] | None) -> None:
+        """First half of an allocation: adopt `hit`, or release skipped blocks.
+
+        The coordinator runs this for every group before any group takes new
+        blocks, so blocks one group releases can serve another.
+        """
+        if hit:
+            self.save_new_computed_blocks(request, hit)
+        elif self.skips:
+            self.remove_skipped_blocks(request, num_computed_tokens)
+
+    def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Return blocks the request no longer needs; their positions become null.
+
+        They stay cached (reusable by others) until evicted. Those `retains`
+        picks stay held for the request until it ends.
+        """
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return
+        rid = request.request_id
+        start = self.num_skipped.get(rid, self.num_kept_head_blocks)
+        end = min(self.num_skipped_blocks(request, num_computed_tokens), len(blocks))
+        if end <= start:
+            return
+        null = self.null_block
+        self.rate_released(request, blocks, start, end)
+        if self.protects_skipped:
+            self._protect(request, blocks, start, end)
+        if not self.retains_skipped:
+            released = [b for b in blocks[start:end] if b is not null]
+        else:
+            released, retained = self._split_skipped(request, blocks, start, end)
+            if retained:
+                self.retained_blocks.setdefault(rid, []).extend(retained)
+        blocks[start:end] = [null] * (end - start)
+        self.num_skipped[rid] = end
+        released.reverse()
+        self.pool.free_blocks(released)
+
+    def save_new_computed_blocks(self, request: Request, blocks: Sequence[Block]) -> None:
+        """Adopt hit blocks for a request that holds none yet (touches them)."""
+        rid = request.request_id
+        assert not self.req_to_blocks.get(rid), f"{rid} already holds blocks"
+        self.pool.touch(blocks)
+        self.req_to_blocks[rid] = list(blocks)
+        self.num_cached_blocks[rid] = len(blocks)
+
+    def allocate_new_blocks(self, request: Request, num_computed_tokens: int,
+                            num_tokens: int) -> list[Block]:
+        """Give the request blocks for `num_tokens` tokens; return the new ones."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks is None:
+            blocks = self.req_to_blocks[request.request_id] = []
+        need = -(-num_tokens // self.block_size) - len(blocks)
+        if need <= 0:
+            return []
+        new_blocks = self.pool.get_new_blocks(need)
+        blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, block_hashes: Sequence[bytes],
+                     num_tokens: int) -> None:
+        """Make the request's full blocks among the first `num_tokens` tokens reusable."""
+        rid = request.request_id
+        num_full = min(num_tokens // self.block_size, len(block_hashes) // self.stride)
+        start = self.num_cached_blocks.get(rid, 0)
+        if num_full <= start:
+            return
+        blocks = self.req_to_blocks[rid]
+        # this group's keys: the hash list itself when blocks are hash-sized
+        hashes = block_hashes if self.stride == 1 else self.group_hashes(block_hashes, num_full)
+        self.pool.cache_blocks(blocks, hashes, start, num_full, self.group_id)
+        self.num_cached_blocks[rid] = num_full
+
+    def free(self, request: Request) -> None:
+        """Return all the request's blocks, tail first, then the retained ones
+        (so they are taken after the prefix they complete). Idempotent."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.pop(rid, None)
+        self.num_cached_blocks.pop(rid, None)
+        retained = self.retained_blocks.pop(rid, ())
+        protected = self.protected_blocks.pop(rid, None)
+        requeue = self._unprotect(protected) if protected else ()
+        if blocks:
+            self.rate_released(request, blocks, 0, len(blocks))
+        if blocks or retained or requeue:
+            self.pool.free_blocks(chain(reversed(blocks or ()), reversed(retained)), requeue)
+        self.num_skipped.pop(rid, None)
+
+    # ---- protection --------------------------------------------------------------
+
+    def protects(self, request: Request, i: int, block: Block) -> bool:
+        """Whether block `i`, which the request no longer needs, is released rated
+        PROTECTED (taken for new data last, by policies that read hints) until the
+        request ends, when it gets back the rating it had.
+
+        The same aim as `retains`, for types that must return such blocks to the
+        pool at once (sliding window: API.md's release rule).
+        """
+        return False
+
+    def _protect(self, request: Request, blocks: list[Block], start: int, end: int) -> None:
+        null, protects, counts = self.null_block, self.protects, self.num_protecting
+        record = None
+        for i in range(start, end):
+            block = blocks[i]
+            if block is null or block.block_hash is None or not protects(request, i, block):
+                continue
+            if record is None:
+                record = self.protected_blocks.setdefault(request.request_id, [])
+            hint = block.value_hint
+            record.append((block, block.block_hash, JUNCTION if hint == PROTECTED else hint))
+            block.value_hint = PROTECTED
+            counts[block.block_id] = counts.get(block.block_id, 0) + 1
+
+    def _unprotect(self, protected: list[tuple[Block, bytes, int]]) -> list[Block]:
+        """The request ends: its protected blocks get their rating back, unless
+        another running request protects them too or they were evicted meanwhile.
+        Returns the free ones, tail first, to queue anew with its release."""
+        counts, requeue = self.num_protecting, []
+        for block, block_hash, hint in reversed(protected):
+            n = counts.pop(block.block_id) - 1
+            if n:
+                counts[block.block_id] = n
+            elif block.block_hash == block_hash and block.value_hint == PROTECTED:
+                block.value_hint = hint
+                if not block.ref_cnt:
+                    requeue.append(block)
+        return requeue
+
+    def retains(self, request: Request, i: int, block: Block) -> bool:
+        """Whether block `i`, which the request no longer needs, stays held until
+        the request ends (off its list) instead of going back to the pool.
+
+        For data a likely hit needs together with a prefix the request still
+        holds (a Mamba state, a window at a junction): released early, it would
+        be evicted before that prefix, leaving the prefix cached but unusable.
+        Must depend only on the request and the block (checked, then applied).
+        """
+        return False
+
+    def retained(self, request_id: str) -> list[Block]:
+        """Blocks held for the request that its list no longer shows."""
+        return self.retained_blocks.get(request_id, [])
+
+    def num_releasable_retained(self) -> int:
+        """How many blocks `release_retained` would return to the free queue."""
+        return sum(1 for held in self.retained_blocks.values() for b in held
+                   if b.ref_cnt == 1)
+
+    def release_retained(self) -> None:
+        """Return every request's retained blocks (they stay cached): the pool
+        could not otherwise supply a running request's allocation."""
+        blocks = [b for held in self.retained_blocks.values() for b in reversed(held)]
+        self.retained_blocks.clear()
+        self.pool.free_blocks(blocks)
+
+    # ---- retention hints -------------------------------------------------------
+
+    def rate_released(self, request: Request, blocks: list[Block], start: int,  # noqa: B027
+                      end: int) -> None:
+        """Rate blocks `start:end` about to be released (`Block.value_hint`), so
+        retention-aware eviction drops dead weight first and keeps junctions.
+
+        Likely hits stop at anchors: where the request's prompt matched the
+        cache (`request.num_shared_prefix_tokens`, a junction other requests
+        diverge at), its prompt end, and its end when it finishes. Full
+        attention needs every block before an anchor, so it rates nothing.
+        """
+
+    @staticmethod
+    def anchors(request: Request) -> tuple[int, int, int]:
+        """Token counts at which later requests most likely stop matching this one."""
+        return (request.num_shared_prefix_tokens, request.num_prompt_tokens,
+                request.num_computed_tokens)
+
+    # ---- fast path -----------------------------------------------------------
+
+    def quiet_limits(self, request: Request) -> tuple[int, int]:
+        """(max tokens, max computed tokens) up to which an allocation for this
+        request would change nothing in this group: no new block, no block to
+        cache, no block to release. Lets the manager skip the full path."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid)
+        if not blocks:
+            return 0, 0
+        max_tokens = len(blocks) * self.block_size
+        if self.enable_caching:
+            next_full = (self.num_cached_blocks.get(rid, 0) + 1) * self.block_size - 1
+            if next_full < max_tokens:
+                max_tokens = next_full
+        if not self.skips:
+            return max_tokens, 1 << 62
+        return max_tokens, self.max_quiet_computed(request)
+
+    def max_quiet_computed(self, request: Request) -> int:
+        """Largest computed-token count that releases no block yet.
+
+        A search over the monotone `num_skipped_blocks`; the built-in types
+        override it with a closed form.
+        """
+        if not self.skips:
+            return 1 << 62
+        start = self.num_skipped.get(request.request_id, self.num_kept_head_blocks)
+        hi = max(request.num_computed_tokens, 1)
+        while self.num_skipped_blocks(request, hi) <= start and hi < 1 << 40:
+            hi *= 2
+        lo = 0  # num_skipped_blocks(0) == 0 <= start
+        while lo < hi:  # largest c with num_skipped_blocks(c) <= start
+            mid = (lo + hi + 1) // 2
+            if self.num_skipped_blocks(request, mid) <= start:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    # ---- views ---------------------------------------------------------------
+
+    def get_blocks(self, request_id: str) -> list[Block]:
+        return self.req_to_blocks.get(request_id, [])
+
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
+        """Most blocks one request can hold while computing `num_tokens`
+        tokens in chunks of at most `max_chunk_tokens` (with no hit)."""
+        return -(-num_tokens // self.block_size)
+
+    def holders(self) -> list[Block]:
+        """Every block reference the requests of this group hold."""
+        null = self.null_block
+        held = [b for blocks in self.req_to_blocks.values() for b in blocks if b is not null]
+        for rid in self.req_to_blocks:
+            held += self.retained(rid)
+        return held
+
+    def check_integrity(self) -> None:
+        """Assert this group's invariants (one holder per block per request)."""
+        for rid, blocks in self.req_to_blocks.items():
+            retained = self.retained(rid)
+            ids = [b.block_id for b in chain(blocks, retained) if b is not self.null_block]
+            assert len(ids) == len(set(ids)), f"{rid} holds a block twice in group {self.group_id}"
+            for b in chain(blocks, retained):
+                assert b is self.null_block or b.ref_cnt > 0, f"{rid} holds free {b}"
+            start = self.num_skipped.get(rid, self.num_kept_head_blocks)
+            assert all(b is self.null_block for b in blocks[self.num_kept_head_blocks:start]), \
+                f"{rid} keeps a skipped block in group {self.group_id}"
+        protecting = Counter(b.block_id for record in self.protected_blocks.values()
+                             for b, _, _ in record)
+        assert protecting == self.num_protecting, f"protection counts in group {self.group_id}"

@@ -1,0 +1,135 @@
+"""Sliding-window attention, with optional StreamingLLM-style sink tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hybridkv.kv_cache.block_pool import JUNCTION, LOW_VALUE, Block, BlockPool
+from hybridkv.kv_cache.managers.base import SingleTypeManager
+from hybridkv.kv_cache.request import Request
+from hybridkv.kv_cache.specs import SlidingWindowSpec
+
+
+class SlidingWindowManager(SingleTypeManager):
+    """A token at position p sees positions p-W+1 .. p (and the first S sink tokens).
+
+    Reusable at L when the last `min(L/B, ceil((W-1)/B))` blocks before L are
+    cached, and with S sink tokens also the first `min(L/B, ceil(S/B))`.
+    The search goes right to left for the rightmost run of cached blocks
+    long enough; a hit holds only those (and the sink blocks):
+    `[null, null, b7, b8]` for W=8, B=4, L=16.
+    """
+
+    spec_class = SlidingWindowSpec
+    spec: SlidingWindowSpec
+
+    def __init__(self, spec: SlidingWindowSpec, group_id: int, pool: BlockPool,
+                 hash_block_size: int, enable_caching: bool = True) -> None:
+        super().__init__(spec, group_id, pool, hash_block_size, enable_caching)
+        self.num_kept_head_blocks = spec.num_sink_blocks
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
+                               max_length: int) -> list[Block]:
+        spec, stride = self.spec, self.stride
+        num_blocks = min(max_length // self.block_size, len(block_hashes) // stride)
+        get = self.pool.cached[self.group_id].get
+        sinks: list[Block] = []
+        for i in range(min(spec.num_sink_blocks, num_blocks)):
+            block = get(block_hashes[(i + 1) * stride - 1])
+            if block is None:
+                num_blocks = i  # L may not pass a missing sink block
+                break
+            sinks.append(block)
+        return self._search_window(block_hashes, num_blocks, sinks)
+
+    def _search_window(self, block_hashes: Sequence[bytes], num_blocks: int,
+                       sinks: list[Block]) -> list[Block]:
+        """The rightmost run of `num_window_blocks` cached blocks ending at or
+        before `num_blocks` (or a run from block 0), with the sinks in front."""
+        need, stride, null = self.spec.num_window_blocks, self.stride, self.null_block
+        if need == 0:
+            return sinks + [null] * (num_blocks - len(sinks))
+        get = self.pool.cached[self.group_id].get
+        if num_blocks >= need:  # the common case: the last window is cached
+            last = list(map(get, block_hashes[(num_blocks - need + 1) * stride - 1:
+                                              num_blocks * stride:stride]))
+            if all(last):  # no None (a block is always true)
+                start = num_blocks - need
+                return sinks[:start] + [null] * (start - min(start, len(sinks))) + last  # type: ignore
+        run: list[Block] = []  # cached blocks ending at `end`, rightmost first
+        end = num_blocks
+        for i in range(num_blocks - 1, -1, -1):
+            block = get(block_hashes[(i + 1) * stride - 1])
+            if block is None:
+                run.clear()
+                end = i
+                continue
+            run.append(block)
+            if len(run) == need:
+                break
+        start = end - len(run)
+        if not run or (len(run) < need and start != 0):
+            return []
+        run.reverse()
+        head = sinks[:start] + [null] * (start - min(start, len(sinks)))
+        return head + run
+
+    def num_skipped_blocks(self, request: Request, num_computed_tokens: int) -> int:
+        first_needed = num_computed_tokens - self.spec.sliding_window + 1
+        return max(first_needed, 0) // self.block_size
+
+    # rate blocks outside every anchor's window as low value when released
+    rate_low_value = True
+    # prompts often end in a unique suffix (a question, a new turn) after the part
+    # later prompts share: keep the windows of stops this close before the prompt end
+    tail_margin_tokens = 256
+    protects_skipped = True
+
+    def protects(self, request: Request, i: int, block: Block) -> bool:
+        """A block the window left behind is protected until the request ends when
+        its hit used it, or it is in the window of the junction or of a stop in the
+        prompt's tail: released for good while the request still holds the
+        full-attention prefix before it, it would be evicted first and strand that
+        prefix."""
+        if block.num_hits:
+            return True
+        bs, need = self.block_size, self.spec.num_window_blocks
+        shared = request.num_shared_prefix_tokens // bs
+        if shared - need <= i < shared:
+            return True
+        prompt = request.num_prompt_tokens // bs
+        return prompt - need - self.tail_margin_tokens // bs <= i < prompt
+
+    def rate_released(self, request: Request, blocks: list[Block], start: int,
+                      end: int) -> None:
+        bs, need, null = self.block_size, self.spec.num_window_blocks, self.null_block
+        shared, prompt, computed = self.anchors(request)
+        shared, prompt, computed = shared // bs, prompt // bs, computed // bs
+        j_lo = shared - need  # the window of the junction: rated a junction
+        # kept as they are: the windows of the stops in the prompt's tail (which hold
+        # the prompt end's) and the window of the request's end; the rest is low value
+        t_lo = prompt - need - self.tail_margin_tokens // bs
+        c_lo = computed - need
+        rate_low = self.rate_low_value
+        # positions between the kept head (sink blocks) and the skipped ones are null
+        head = min(end, self.num_kept_head_blocks)
+        skipped = self.num_skipped.get(request.request_id, head)
+        for lo, hi in ((start, head), (max(start, skipped, head), end)):
+            for i in range(lo, hi):
+                block = blocks[i]
+                if block is null:
+                    continue
+                if j_lo <= i < shared:
+                    block.value_hint = JUNCTION
+                elif rate_low and not (t_lo <= i < prompt or c_lo <= i < computed):
+                    block.value_hint = LOW_VALUE
+
+    def max_quiet_computed(self, request: Request) -> int:
+        # (c - W + 1) // B <= start  <=>  c <= (start + 1) * B + W - 2
+        start = self.num_skipped.get(request.request_id, self.num_kept_head_blocks)
+        return (start + 1) * self.block_size + self.spec.sliding_window - 2
+
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int) -> int:
+        window = self.spec.sliding_window - 1 + min(num_tokens, max_chunk_tokens)
+        return min(-(-num_tokens // self.block_size),
+                   self.spec.num_sink_blocks + window // self.block_size + 2)

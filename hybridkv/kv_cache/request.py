@@ -1,0 +1,108 @@
+"""A request as the KV cache manager sees it: tokens, keys, progress."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hybridkv.kv_cache.hashing import BlockHasher, MultiModalItem, check_mm_items, check_token_ids
+
+_MAX_TOKEN_ID = 2**32 - 1
+
+
+class Request:
+    """Token ids of one request and how many of them have KV/state in place.
+
+    `num_computed_tokens` follows vLLM's scheduler convention: the caller adds
+    the tokens a step computed after the step; after `free` the request
+    starts again from 0. Block hashes are computed lazily by the manager and
+    extended as tokens are appended.
+
+    Raises ValueError for an empty or non-string id, an empty prompt, token
+    ids that are not ints in [0, 2**32), or malformed keys.
+    """
+
+    __slots__ = ("request_id", "all_token_ids", "num_computed_tokens",
+                 "cache_salt", "lora_name", "mm_hashes", "max_tokens", "hasher",
+                 "num_prompt_tokens", "num_shared_prefix_tokens", "quiet_owner",
+                 "quiet_tokens", "quiet_computed")
+
+    def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *,
+                 cache_salt: str | bytes | None = None, lora_name: str | None = None,
+                 mm_hashes: Sequence[MultiModalItem] | None = None,
+                 max_tokens: int | None = None) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        if type(prompt_token_ids) is not list and (isinstance(prompt_token_ids, str | bytes)
+                                                   or not isinstance(prompt_token_ids, Sequence)):
+            raise ValueError(f"prompt_token_ids must be a sequence of ints, "
+                             f"got {type(prompt_token_ids).__name__}")
+        if len(prompt_token_ids) == 0:
+            raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
+        self.all_token_ids = list(prompt_token_ids)  # the prompt, then the output
+        check_token_ids(self.all_token_ids)
+        if cache_salt is not None and not isinstance(cache_salt, str | bytes):
+            raise ValueError(f"cache_salt must be str or bytes, got {type(cache_salt).__name__}")
+        if lora_name is not None and not isinstance(lora_name, str):
+            raise ValueError(f"lora_name must be str, got {type(lora_name).__name__}")
+        if max_tokens is not None and (isinstance(max_tokens, bool)
+                                       or not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        self.request_id = request_id
+        self.num_prompt_tokens = len(self.all_token_ids)
+        self.num_computed_tokens = 0
+        self.cache_salt = cache_salt
+        self.lora_name = lora_name
+        self.mm_hashes = check_mm_items(mm_hashes)
+        self.max_tokens = max_tokens
+        self.hasher: BlockHasher | None = None
+        # how far the prompt matched cached full-attention blocks at its last lookup:
+        # a junction where other requests diverge (a retention hint)
+        self.num_shared_prefix_tokens = 0
+        # set by the manager holding the request's blocks: up to these token counts an
+        # allocation changes nothing (its fast path)
+        self.quiet_owner: object = None
+        self.quiet_tokens = 0
+        self.quiet_computed = 0
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.all_token_ids[:self.num_prompt_tokens]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens:]
+
+    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
+        """Append generated token(s); their blocks are hashed when they fill.
+
+        Raises ValueError (appending nothing) for ids not in [0, 2**32).
+        """
+        if type(token_ids) is list and len(token_ids) == 1:  # one decoded token
+            token = token_ids[0]
+            if type(token) is int and 0 <= token <= _MAX_TOKEN_ID:
+                self.all_token_ids.append(token)
+                return
+        elif type(token_ids) is int and 0 <= token_ids <= _MAX_TOKEN_ID:
+            self.all_token_ids.append(token_ids)
+            return
+        if isinstance(token_ids, str | bytes) or not isinstance(token_ids, Sequence):
+            token_ids = [token_ids]  # type: ignore[list-item]
+        token_ids = list(token_ids)
+        check_token_ids(token_ids)
+        self.all_token_ids.extend(int(t) for t in token_ids)
+
+    def block_hashes(self, hash_algo: str, block_size: int) -> list[bytes]:
+        """Hashes of every full block so far (computed once, then extended)."""
+        hasher = self.hasher
+        if hasher is None or hasher.block_size != block_size or hasher.hash_algo != hash_algo:
+            hasher = self.hasher = BlockHasher(hash_algo, block_size, cache_salt=self.cache_salt,
+                                               lora_name=self.lora_name, mm_items=self.mm_hashes)
+        return hasher.extend(self.all_token_ids)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
+                f"num_computed_tokens={self.num_computed_tokens})")

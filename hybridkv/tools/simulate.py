@@ -1,0 +1,210 @@
+"""`hybridkv simulate`: capacity planning without running a model.
+
+Replays a trace through the real KVCacheManager and the engine's scheduler
+(continuous batching, chunked prefill, preemption), with generated tokens
+drawn from a fixed-seed stream instead of a model. Reports the hit rate,
+how many tokens the pool holds, blocks per group, evictions and
+preemptions, for the model's real layer layout and a KV memory budget, and
+plots hit rate against budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import dataclass
+
+from hybridkv.engine.sampling import SamplingParams
+from hybridkv.engine.scheduler import Scheduler, SeqState
+from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.kv_cache.request import Request
+from hybridkv.tools.workloads import BUILTIN_TRACES, ChatWorkload, few_shot, shared_documents
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'40GiB', '512MB', '1e9' -> bytes; ValueError naming the text otherwise."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"--memory {text!r} is not a size like 40GiB or 512MB")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"--memory {text!r} must be positive")
+    return value
+
+
+@dataclass
+class TraceRequest:
+    prompt: list[int]
+    max_tokens: int
+
+
+def load_trace(spec: str, vocab: int = 32000) -> list[TraceRequest] | ChatWorkload:
+    """A JSONL file (one {"prompt": [ids], "max_tokens": n} per line) or a built-in name."""
+    if spec == "shared-documents":
+        prompts = shared_documents(num_docs=4, doc_len=4096, questions_per_doc=16,
+                                   question_len=64, vocab=vocab)
+        return [TraceRequest(p, 64) for p in prompts]
+    if spec == "few-shot":
+        return [TraceRequest(p, 64) for p in few_shot(2048, 64, 96, vocab=vocab)]
+    if spec == "multi-turn":
+        return ChatWorkload(num_sessions=16, num_turns=5, system_len=512, user_len=256,
+                            vocab=vocab)
+    if not os.path.isfile(spec):
+        raise FileNotFoundError(f"trace {spec!r} is neither a file nor a built-in trace "
+                                f"({', '.join(BUILTIN_TRACES)})")
+    return _read_jsonl(spec)
+
+
+def _read_jsonl(path: str) -> list[TraceRequest]:
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                prompt = row.get("prompt", row.get("prompt_token_ids"))
+                max_tokens = row.get("max_tokens", 16)
+                Request("check", prompt)  # validates the token ids
+                SamplingParams(max_tokens=max_tokens)
+            except (json.JSONDecodeError, AttributeError, ValueError, TypeError) as e:
+                raise ValueError(f"{path}:{n}: malformed trace line ({e}); expected "
+                                 f'{{"prompt": [token ids], "max_tokens": n}}') from e
+            out.append(TraceRequest(list(prompt), max_tokens))
+    if not out:
+        raise ValueError(f"{path}: the trace is empty")
+    return out
+
+
+@dataclass
+class SimResult:
+    budget_bytes: int
+    num_blocks: int
+    hit_rate: float
+    requests: int
+    preemptions: int
+    evictions: int
+    peak_tokens: int
+    group_hit_rates: list[float]
+    group_blocks_peak: list[int]
+
+
+class Simulator:
+    """The scheduler and manager of the engine, with tokens from a seeded stream."""
+
+    def __init__(self, config: KVCacheConfig, *, eviction_policy: str | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 8192, seed: int = 0):
+        kwargs = {"eviction_policy": eviction_policy} if eviction_policy else {}
+        self.kv = KVCacheManager(config, **kwargs)
+        self.scheduler = Scheduler(self.kv, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens)
+        self.rng = random.Random(seed)
+        self.count = 0
+        self.group_peak = [0] * len(config.kv_cache_groups)
+
+    def generate(self, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+        seqs = []
+        for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
+            if not self.kv.can_fit(len(prompt) + n, self.scheduler.max_num_batched_tokens):
+                raise ValueError(f"request {i} ({len(prompt)} tokens) needs more blocks than "
+                                 f"the whole pool has ({self.kv.pool.num_blocks}); raise --memory")
+            self.count += 1
+            seqs.append(SeqState(Request(f"sim-{self.count}", prompt), SamplingParams(n), i))
+            self.scheduler.add(seqs[-1])
+        while self.scheduler.has_work():
+            self._step()
+        return [s.request.output_token_ids for s in seqs]
+
+    def _step(self) -> None:
+        batch = self.scheduler.schedule()
+        self.scheduler.finish_step(batch)
+        self._record_group_blocks()
+        for item in batch:
+            if item.samples:
+                seq = item.seq
+                seq.request.append_output_token_ids(self.rng.randrange(3, 32000))
+                if seq.num_output_tokens >= seq.params.max_tokens:
+                    self.scheduler.finish(seq, "length")
+
+    def _record_group_blocks(self) -> None:
+        null = self.kv.null_block_id
+        for g, manager in enumerate(self.kv.coordinator.managers):
+            held = sum(1 for blocks in manager.req_to_blocks.values() for b in blocks
+                       if b.block_id != null)
+            self.group_peak[g] = max(self.group_peak[g], held)
+
+
+def simulate(layout: dict, budget: int, trace, **kwargs) -> SimResult:
+    """Replay `trace` on a pool sized from `budget` for the model `layout`."""
+    config = KVCacheConfig.from_layer_specs(layout, budget)
+    sim = Simulator(config, **kwargs)
+    if isinstance(trace, ChatWorkload):
+        trace.run(lambda prompts: sim.generate(prompts, [64] * len(prompts)))
+    else:
+        sim.generate([t.prompt for t in trace], [t.max_tokens for t in trace])
+    stats = sim.kv.prefix_cache_stats
+    return SimResult(budget, config.num_blocks, stats.hit_rate, sim.count,
+                     sim.scheduler.stats.preemptions, stats.evictions,
+                     max(sim.scheduler.stats.tokens_trace, default=0),
+                     [stats.group_hit_rate(g) for g in range(len(stats.group_hits))],
+                     sim.group_peak)
+
+
+def run_simulate(args) -> int:
+    """The `hybridkv simulate` command."""
+    from hybridkv.models.layouts import model_layout
+
+    budget = parse_bytes(args.memory)
+    layout = model_layout(args.model, args.block_size)
+    trace = load_trace(args.trace)
+    factors = [float(f) for f in args.sweep.split(",") if f]
+    main = simulate(layout, budget, trace, eviction_policy=args.eviction_policy)
+    print(_report(args, layout, main))
+    results = [main]
+    for factor in sorted(set(factors) - {1.0}):
+        try:
+            trace = load_trace(args.trace) if isinstance(trace, ChatWorkload) else trace
+            results.append(simulate(layout, int(budget * factor), trace,
+                                    eviction_policy=args.eviction_policy))
+        except ValueError as e:  # a budget in the sweep too small for the trace
+            print(f"  sweep x{factor:g}: {str(e).splitlines()[0]}")
+    results.sort(key=lambda r: r.budget_bytes)
+    path = _plot(args.out, args.model, results)
+    print(f"plot: {path}")
+    return 0
+
+
+def _report(args, layout: dict, r: SimResult) -> str:
+    config = KVCacheConfig.from_layer_specs(layout, r.budget_bytes)
+    lines = [f"{args.model}: {len(layout)} layers, trace {args.trace}, "
+             f"budget {r.budget_bytes / 2**30:.2f} GiB",
+             *("  " + ln for ln in config.describe().splitlines()),
+             f"  requests {r.requests}, prefix hit rate {r.hit_rate:.3f} "
+             f"(per group {', '.join(f'{h:.3f}' for h in r.group_hit_rates)})",
+             f"  peak tokens scheduled {r.peak_tokens:,}, peak blocks per group "
+             f"{r.group_blocks_peak}, evictions {r.evictions:,}, preemptions {r.preemptions}"]
+    return "\n".join(lines)
+
+
+def _plot(out_dir: str, model: str, results: list[SimResult]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r.budget_bytes / 2**30 for r in results], [r.hit_rate for r in results],
+            marker="o")
+    ax.set(xlabel="KV cache budget (GiB)", ylabel="prefix hit rate", title=model, ylim=(0, 1))
+    path = os.path.join(out_dir, "hit_rate_vs_budget.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

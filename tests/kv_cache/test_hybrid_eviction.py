@@ -1,0 +1,147 @@
+"""The hybrid eviction policy in small exact scenarios: which block goes first and why."""
+
+from hybridkv import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager, Request
+from hybridkv.kv_cache.block_pool import JUNCTION, LOW_VALUE, BlockPool
+from hybridkv.kv_cache.eviction import hybrid as hybrid_eviction
+
+
+def cached(pool, ids, tag):
+    blocks = [pool.blocks[i] for i in ids]
+    for i, b in enumerate(blocks):
+        pool.cache_block(b, tag + bytes([i]) * 31, 0)
+    return blocks
+
+
+def take_ids(pool, n):
+    return [b.block_id for b in pool.get_new_blocks(n)]
+
+
+def test_tier_order_empty_low_value_fresh_hit_once_hit_often():
+    pool = BlockPool(9, eviction_policy="hybrid")
+    blocks = pool.get_new_blocks(8)  # ids 1..8, all held
+    often, once, fresh_old, fresh_new, low = [1, 2], [3], [4, 5], [6], [7]
+    for ids, tag in ((often, b"o"), (once, b"n"), (fresh_old, b"f"), (fresh_new, b"g"),
+                     (low, b"l")):
+        cached(pool, ids, tag)
+    pool.blocks[1].num_hits = pool.blocks[2].num_hits = 2
+    pool.blocks[3].num_hits = 1
+    pool.blocks[7].value_hint = LOW_VALUE
+    # release in this order: often (LRU 1 then 2), once, the older fresh request
+    # (tail 5 first), the newer fresh request, the low-value block, an uncached block
+    for group in ([pool.blocks[1]], [pool.blocks[2]], [pool.blocks[3]],
+                  [pool.blocks[5], pool.blocks[4]], [pool.blocks[6]], [pool.blocks[7]],
+                  [blocks[7]]):
+        pool.free_blocks(group)
+    # uncached 8; low-value 7; fresh newest release first (6), then 5, 4 (tail first);
+    # then hit once (3); then hit often, least recently released first (1, 2)
+    assert take_ids(pool, 8) == [8, 7, 6, 5, 4, 3, 1, 2]
+    pool.check_integrity()
+
+
+def test_a_hit_block_keeps_its_value_whatever_its_group_rated_it():
+    pool = BlockPool(4, eviction_policy="hybrid")
+    a, b, c = pool.get_new_blocks(3)
+    cached(pool, [1, 2, 3], b"x")
+    a.value_hint = b.value_hint = LOW_VALUE
+    a.num_hits = 1  # reused by a hit before its group released it
+    pool.free_blocks([a, b, c])
+    assert take_ids(pool, 3) == [2, 3, 1]  # low value, fresh, then the one that was hit
+
+
+def test_junction_rating_counts_as_one_hit():
+    pool = BlockPool(3, eviction_policy="hybrid")
+    window, plain = pool.get_new_blocks(2)
+    cached(pool, [1, 2], b"j")
+    window.value_hint = JUNCTION
+    pool.free_blocks([plain])
+    pool.free_blocks([window])  # released last, but protected like a block hit once
+    assert take_ids(pool, 2) == [2, 1]
+
+
+def test_aging_moves_unused_protected_blocks_down():
+    age = hybrid_eviction.AGE_EVERY
+    pool = BlockPool(2 + 2 * age, eviction_policy="hybrid")
+    held = pool.get_new_blocks(1 + age)
+    old, fresh = held[0], held[1:]
+    cached(pool, [b.block_id for b in held], b"a")
+    old.num_hits = 1
+    pool.free_blocks([old])
+    assert old.queue_slot == hybrid_eviction.HIT_ONCE
+    pool.get_new_blocks(age)  # taken from the empty tier: no data lost, no aging
+    assert old.queue_slot == hybrid_eviction.HIT_ONCE
+    pool.free_blocks(fresh)
+    pool.get_new_blocks(age)  # evicts `age` never-hit blocks: the hit-once block ages
+    assert old.queue_slot == hybrid_eviction.FRESH
+    assert old.block_hash is not None  # demoted, not evicted
+
+
+def test_low_value_blocks_do_not_age_protected_ones():
+    age = hybrid_eviction.AGE_EVERY
+    pool = BlockPool(2 + age, eviction_policy="hybrid")
+    held = pool.get_new_blocks(1 + age)
+    old, low = held[0], held[1:]
+    cached(pool, [b.block_id for b in held], b"w")
+    old.num_hits = 1
+    for b in low:  # e.g. window blocks no likely hit needs
+        b.value_hint = LOW_VALUE
+    pool.free_blocks(held)
+    assert pool.get_new_blocks(age) == low
+    assert old.queue_slot == hybrid_eviction.HIT_ONCE
+
+
+def test_recomputing_cached_data_counts_as_a_use():
+    pool = BlockPool(4, eviction_policy="hybrid")
+    a, b = pool.get_new_blocks(2)
+    cached(pool, [1], b"r")
+    pool.cache_block(b, b"s" * 32, 0)
+    pool.free_blocks([a, b])
+    (c,) = pool.get_new_blocks(1)  # the empty block 3
+    assert not pool.cache_block(c, a.block_hash, 0)  # a duplicate: a is reused data
+    assert a.num_hits == 1 and a.queue_slot == hybrid_eviction.HIT_ONCE
+    assert take_ids(pool, 2) == [2, 1]
+
+
+def run_round_robin(policy):
+    """Three sessions of 13 tokens (3 full blocks + 1), round robin, 7 usable blocks."""
+    import warnings
+
+    warnings.simplefilter("ignore", RuntimeWarning)  # the repeated-miss warning is expected
+    mgr = KVCacheManager(KVCacheConfig(8, [KVCacheGroupSpec(["f"], FullAttentionSpec(4))]),
+                         eviction_policy=policy)
+    sessions = [[100 * s + t for t in range(12)] for s in range(3)]
+    hits = []
+    for round_id in range(4):
+        for s, tokens in enumerate(sessions):
+            req = Request(f"s{s}-{round_id}", tokens + [999])
+            blocks, n = mgr.get_computed_blocks(req)
+            assert mgr.allocate_slots(req, req.num_tokens - n, n, blocks if n else None)
+            req.num_computed_tokens = req.num_tokens
+            mgr.free(req)
+            hits.append(n)
+    mgr.check_integrity()
+    return hits[3:]  # after the first round
+
+
+def test_cyclic_sessions_thrash_lru_but_not_hybrid():
+    # LRU evicts each session just before its turn comes back: no hit ever
+    assert run_round_robin("lru") == [0] * 9
+    # hybrid: the newest never-hit release is evicted first, so session 0, cached
+    # first, stays whole (4 of the 7 blocks are needed to compute a session) and
+    # hits every round; once hit, it is protected
+    assert run_round_robin("hybrid") == [12, 0, 0] * 3
+
+
+def test_take_gets_blocks_that_aging_moves_into_an_emptied_tier():
+    age = hybrid_eviction.AGE_EVERY
+    pool = BlockPool(age + 2, eviction_policy="hybrid")
+    blocks = pool.get_new_blocks(age + 1)
+    cached(pool, [b.block_id for b in blocks], b"t")
+    protected = blocks[-1]
+    protected.num_hits = 1
+    pool.free_blocks(blocks)  # age fresh blocks, one hit-once block
+    # taking every fresh block ages the hit-once block into the (now empty) fresh tier;
+    # the last block asked for must come from there
+    taken = pool.get_new_blocks(age + 1)
+    assert len(taken) == age + 1 and taken[-1] is protected
+    assert pool.num_free_blocks == 0
+    pool.check_integrity()
