@@ -61,6 +61,8 @@ class RequestOutput:
     finish_reason: str | None = None  # "stop" (EOS) or "length" (max_tokens)
     text: str | None = None
     metrics: RequestMetrics | None = None
+    # of num_cached_tokens (every reused prompt token), those a KV store supplied
+    num_external_cached_tokens: int = 0
 
 
 class Sampler:

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import ClassVar
 
 from hybridkv.kv_cache.block_pool import JUNCTION, PROTECTED, Block, BlockPool
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import KVCacheSpec
+
+# finds the block caching a hash of this group (None: not cached)
+Lookup = Callable[[bytes], "Block | None"]
 
 
 class SingleTypeManager(ABC):
@@ -41,6 +44,8 @@ class SingleTypeManager(ABC):
     retains_skipped: ClassVar[bool] = False
     # True when `protects` may rate skipped blocks PROTECTED until the request ends
     protects_skipped: ClassVar[bool] = False
+    # True when `find_longest_cache_hit` takes a `lookup` (searches beyond the pool)
+    accepts_lookup: ClassVar[bool] = False
 
     def __init__(self, spec: KVCacheSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:
@@ -77,6 +82,10 @@ class SingleTypeManager(ABC):
         The length is `len(result) * block_size`; positions this type does
         not need hold the null block, e.g. `[null, null, b7, b8]`. A query:
         changes nothing.
+
+        Managers that set `accepts_lookup` take a third argument `lookup`:
+        a function used instead of the pool's map to find the block of a
+        hash (a second tier answers with a placeholder block).
         """
 
     @abstractmethod

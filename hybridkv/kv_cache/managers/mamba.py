@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from hybridkv.kv_cache.block_pool import JUNCTION, LOW_VALUE, Block
-from hybridkv.kv_cache.managers.base import SingleTypeManager
+from hybridkv.kv_cache.managers.base import Lookup, SingleTypeManager
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import MambaSpec
 
@@ -44,17 +44,18 @@ class MambaManager(SingleTypeManager):
     """
 
     spec_class = MambaSpec
+    accepts_lookup = True
     spec: MambaSpec
     # states every `prime_interval` boundaries are kept as fallbacks for hits that
     # stop between anchors; the rest are flagged low value when released
     prime_interval = 16
     retains_skipped = True
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
-                               max_length: int) -> list[Block]:
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
+                               lookup: Lookup | None = None) -> list[Block]:
         stride = self.stride
         num_blocks = min(max_length // self.block_size, len(block_hashes) // stride)
-        get = self.pool.cached[self.group_id].get
+        get = lookup or self.pool.cached[self.group_id].get
         for i in range(num_blocks - 1, -1, -1):
             block = get(block_hashes[(i + 1) * stride - 1])
             if block is not None:
