@@ -91,6 +91,9 @@ class KVStore(ABC):
     def stats(self) -> StoreStats:
         """Current size and counters."""
 
+    def flush(self) -> None:  # noqa: B027 - optional for stores that write at once
+        """Make everything put so far durable (and visible to other processes)."""
+
     def close(self) -> None:  # noqa: B027 - optional for stores holding nothing open
         """Release connections and files; the store is unusable afterwards."""
 

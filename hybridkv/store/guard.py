@@ -109,3 +109,6 @@ class StoreGuard:
 
     def delete(self, keys: Sequence[bytes]) -> int:
         return self._call(lambda: self.store.delete(keys), 0, "delete")
+
+    def flush(self) -> None:
+        self._call(self.store.flush, None, "flush")

@@ -316,8 +316,11 @@ class KVTier:
     # ---- admin -------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every block handed to the writer is written (or dropped)."""
-        return self.writer.flush(timeout)
+        """Wait until every block handed to the writer is in the store (or
+        dropped), and make the store write out what it buffers."""
+        done = self.writer.flush(timeout)
+        self.guard.flush()
+        return done
 
     def stats(self) -> KVStoreStats:
         """A snapshot of the counters, with the store's own (size, keys)."""
