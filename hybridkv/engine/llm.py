@@ -81,7 +81,7 @@ class LLM:
         self.scheduler = Scheduler(self.kv, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens, tier=self.tier)
         if poison_kv_cache:
-            self.kv.on_stale_blocks(self.executor.poison_blocks)
+            self.kv.on_stale_blocks(self._poison_blocks)
         self.sampler = Sampler(seed)
         self.tokenizer = _load_tokenizer(model)
         self._counter = 0
@@ -139,11 +139,18 @@ class LLM:
         if not batch:
             raise RuntimeError("no request could be scheduled although the pool was checked; "
                                "this is a bug")
+        if self.tier is not None:
+            self.tier.before_step()  # evicted blocks leave before the step overwrites them
         logits = self.executor.execute(batch, self.kv)
         if self.tier is not None:
             self.tier.after_step()
         self.scheduler.finish_step(batch)
         return self._sample(batch, logits)
+
+    def _poison_blocks(self, block_ids: list[int]) -> None:
+        if self.tier is not None:
+            self.tier.before_step()  # copy out evicted data before the NaN fill
+        self.executor.poison_blocks(block_ids)
 
     def _sample(self, batch: list[ScheduledSeq], logits: torch.Tensor) -> int:
         finished = 0

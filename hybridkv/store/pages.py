@@ -24,6 +24,9 @@ import torch
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.specs import AttentionSpec, MambaSpec
 
+_WORDS = {8: (torch.int64, np.dtype(np.int64)), 4: (torch.int32, np.dtype(np.int32)),
+          2: (torch.int16, np.dtype(np.int16)), 1: (torch.uint8, np.dtype(np.uint8))}
+
 
 class PageIO(Protocol):
     """What the tier needs from the memory holding the pages."""
@@ -57,13 +60,20 @@ class TorchPages:
             raise ValueError(f"{len(slots)} slots for a layout of {config.num_tensors} tensors")
         self.config = config
         self.device = slots[0].device
-        pages = [s.view(config.num_blocks, config.page_size_bytes) for s in slots]
         self._layouts = [group_layout(config, g) for g in range(len(config.kv_cache_groups))]
-        # per group, per layer: the data part of every page of that layer's slot
-        self._pages = []
+        # per group: the widest integer type dividing its data and the page (copies of
+        # 8-byte elements run several times faster than byte by byte), and per layer
+        # the data part of every page of that layer's slot, in that type
+        self._words: list[tuple[torch.dtype, np.dtype]] = []
+        self._pages: list[list[torch.Tensor]] = []
         for g, group in enumerate(config.kv_cache_groups):
             used = self._layouts[g][1]
-            self._pages.append([pages[config.layer_to_tensor[name]][:, :used]
+            size = next(n for n in (8, 4, 2, 1)
+                        if used % n == 0 and config.page_size_bytes % n == 0)
+            word = _WORDS[size]
+            self._words.append(word)
+            pages = [s.view(word[0]).view(config.num_blocks, -1) for s in slots]
+            self._pages.append([pages[config.layer_to_tensor[name]][:, :used // size]
                                 for name in group.layer_names])
 
     def layout(self, group_id: int) -> tuple[int, int, str]:
@@ -71,18 +81,20 @@ class TorchPages:
 
     def gather(self, group_id: int, block_ids: Sequence[int]) -> np.ndarray:
         num_layers, used, _ = self._layouts[group_id]
+        word = self._words[group_id][0]
         index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        out = torch.empty((num_layers, len(block_ids), used), dtype=torch.uint8)
+        out = torch.empty((num_layers, len(block_ids), used // word.itemsize), dtype=word)
         for layer, pages in enumerate(self._pages[group_id]):
             if self.device.type == "cpu":
                 torch.index_select(pages, 0, index, out=out[layer])
             else:  # pragma: no cover - no GPU in the tests
                 out[layer].copy_(pages.index_select(0, index))
-        return out.numpy()
+        return out.numpy().view(np.uint8)
 
     def scatter(self, group_id: int, block_ids: Sequence[int], data: np.ndarray) -> None:
         index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        src = torch.from_numpy(data).to(self.device)
+        words = np.ascontiguousarray(data).view(self._words[group_id][1])
+        src = torch.from_numpy(words).to(self.device)
         for layer, pages in enumerate(self._pages[group_id]):
             pages.index_copy_(0, index, src[layer])
 

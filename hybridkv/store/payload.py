@@ -5,8 +5,8 @@
 
 All little-endian. `data` is `num_layers * layer_bytes` bytes: the block's
 page in each layer of its group, in layer order (attention: K then V of the
-block's tokens; Mamba: the state tensors). `checksum` is XXH3-64 of the key
-followed by the data, so a payload is bound to the key it was stored under:
+block's tokens; Mamba: the state tensors). `checksum` is XXH3-64 of the data
+seeded with XXH3-64 of the key, so a payload is bound to the key it was stored under:
 a damaged value, a truncated one, or a valid block planted under another
 key is rejected.
 """
@@ -59,9 +59,11 @@ class BlockLayout:
 
 
 def checksum(key: bytes, data: bytes | memoryview) -> int:
-    h = xxhash.xxh3_64(key)
-    h.update(data)
-    return h.intdigest()
+    """XXH3-64 of `data` seeded with XXH3-64 of `key` (binds the data to its key)."""
+    return _xxh3(data, _xxh3(key))
+
+
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
 def encode_block(layout: BlockLayout, key: bytes, data: bytes | memoryview) -> bytes:
@@ -69,7 +71,7 @@ def encode_block(layout: BlockLayout, key: bytes, data: bytes | memoryview) -> b
     if len(data) != layout.data_bytes:
         raise ValueError(f"block data has {len(data)} bytes, the layout "
                          f"{layout.num_layers} x {layout.layer_bytes} needs {layout.data_bytes}")
-    return layout.header(checksum(key, data)) + bytes(data)
+    return b"".join((layout.header(checksum(key, data)), data))
 
 
 def decode_block(layout: BlockLayout, key: bytes, value: bytes) -> memoryview:

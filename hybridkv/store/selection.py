@@ -53,12 +53,13 @@ class Selection:
             raise ValueError(f"kv store selection must be one of {SELECTIONS}, got {select!r}")
         self.managers = managers
         self.select = select
+        self._always = [select == "all" or m.downward_closed for m in managers]
         self._tails = [RecentSet(MAX_TAIL_HASHES) for _ in managers]
 
     def worth_storing(self, block: Block) -> bool:
-        if self.select == "all" or self.managers[block.group_id].downward_closed:
-            return True
-        return block.value_hint != LOW_VALUE or block.block_hash in self._tails[block.group_id]
+        g = block.group_id
+        return self._always[g] or block.value_hint != LOW_VALUE \
+            or block.block_hash in self._tails[g]
 
     def note_prompt(self, request: Request, hashes: Sequence[bytes]) -> None:
         """Remember the blocks of each group that is not full attention which a

@@ -77,8 +77,14 @@ class KVTier:
         self._lock = threading.Lock()  # stats written by the writer thread
         self.writer = BackgroundWriter(self.guard, self.layouts, self._on_written,
                                        max_pending_bytes=max_pending_bytes)
-        self._computed: list[tuple[int, bytes, int]] = []  # write-through: (group, hash, id)
+        # (group, hash, block id) of blocks evicted since `before_step` / cached since
+        # `after_step` (write-through)
+        self._evicted_hashes: list[list[bytes]] = [[] for _ in self.managers]
+        self._evicted_ids: list[list[int]] = [[] for _ in self.managers]
+        self._num_evicted = 0
+        self._computed: list[tuple[int, bytes, int]] = []
         self._importing = False
+        self._scratch = np.empty(0, dtype=np.uint8)
         kv.on_evict(self._on_evict)
         if self.write_through:
             kv.subscribe(self._on_event)
@@ -137,7 +143,7 @@ class KVTier:
                 continue
             group_hashes = m.group_hashes(hashes, limit // m.block_size)
             table = self.kv.pool.cached[g]
-            start = 0
+            start = num_pool_tokens // m.block_size  # the pool's hit holds the blocks before
             while start < len(group_hashes) and group_hashes[start] in table:
                 start += 1
             rest = group_hashes[start:]
@@ -213,6 +219,7 @@ class KVTier:
         imp = self.kv.begin_import(hit, wanted)
         if imp is None:
             return False
+        self.before_step()  # blocks the import took may hold evicted data: copy it out first
         t0 = time.perf_counter()
         self._importing = True
         try:
@@ -236,7 +243,8 @@ class KVTier:
             if not ok:
                 continue
             num_layers, layer_bytes = self.layouts[g].num_layers, self.layouts[g].layer_bytes
-            arr = np.empty((num_layers, len(ok), layer_bytes), dtype=np.uint8)
+            arr = self._buffer(num_layers * len(ok) * layer_bytes).reshape(
+                num_layers, len(ok), layer_bytes)
             for c, i in enumerate(ok):
                 arr[:, c] = np.frombuffer(data[i], dtype=np.uint8).reshape(num_layers,  # type: ignore[arg-type]
                                                                           layer_bytes)
@@ -247,6 +255,13 @@ class KVTier:
             stats.loaded_blocks += len(ok)
             stats.read_bytes += arr.nbytes
         return loaded
+
+    def _buffer(self, num_bytes: int) -> np.ndarray:
+        """A scratch buffer of at least `num_bytes`, kept across loads (fresh memory
+        would cost a page fault per 4 KiB on every load)."""
+        if self._scratch.nbytes < num_bytes:
+            self._scratch = np.empty(num_bytes, dtype=np.uint8)
+        return self._scratch[:num_bytes]
 
     def _read(self, group_id: int, keys: list[bytes]) -> list[bytes | memoryview | None]:
         """Checked block data per key (None: not available or rejected)."""
@@ -272,39 +287,52 @@ class KVTier:
     # ---- out: evicted (or computed) blocks to the store -------------------------------
 
     def _on_evict(self, blocks: list[Block]) -> None:
+        """The pool takes these cached blocks for new data: note the ones worth
+        storing; `before_step` copies them out before anything overwrites them."""
         if self.write_through:
             return  # written when computed
-        by_group: dict[int, list[Block]] = {}
+        worth, hashes, ids = self.selection.worth_storing, self._evicted_hashes, self._evicted_ids
         for block in blocks:
-            if self.selection.worth_storing(block):
-                by_group.setdefault(block.group_id, []).append(block)
-        for g, group_blocks in by_group.items():
-            # the chain's head first: a request releases (and so evicts) its tail first
-            group_blocks.reverse()
-            self._submit(g, [b.block_hash for b in group_blocks],  # type: ignore[misc]
-                         [b.block_id for b in group_blocks])
+            if worth(block):
+                hashes[block.group_id].append(block.block_hash)
+                ids[block.group_id].append(block.block_id)
+        self._num_evicted += len(blocks)
 
-    def _submit(self, group_id: int, hashes: list[bytes], block_ids: list[int]) -> None:
-        data = self.pages.gather(group_id, block_ids)
-        self.writer.submit(group_id, self.keys.keys(group_id, hashes), data)
-
-    def _on_event(self, event: BlockEvent) -> None:
-        if type(event) is BlockStored and not self._importing:
-            self._computed.append((event.group_id, event.block_hash, event.block_id))
+    def before_step(self) -> None:
+        """Copy out the blocks evicted since the last call and hand them to the
+        writer. The engine calls this after scheduling, before the model step
+        writes into the blocks the pool handed out (and the tier before it loads
+        blocks into new ones): one copy per group per step."""
+        if not self._num_evicted:
+            return
+        self._num_evicted = 0
+        for g, (hashes, ids) in enumerate(zip(self._evicted_hashes, self._evicted_ids)):
+            if hashes:
+                hashes.reverse()  # the chains' heads first: a request's tail is evicted first
+                ids.reverse()
+                self.writer.submit(g, self.keys.keys(g, hashes), self.pages.gather(g, ids))
+                self._evicted_hashes[g], self._evicted_ids[g] = [], []
 
     def after_step(self) -> None:
         """Write-through: store the blocks cached since the last step (the step
         just computed them). Nothing to do in write-behind mode."""
-        if not self._computed:
-            return
+        if self._computed:
+            entries, self._computed = self._computed, []
+            self._submit(entries)
+
+    def _submit(self, entries: list[tuple[int, bytes, int]]) -> None:
+        """Copy (group, hash, block id) blocks out of the pages; queue them."""
         by_group: dict[int, tuple[list[bytes], list[int]]] = {}
-        for g, block_hash, block_id in self._computed:
+        for g, block_hash, block_id in entries:
             hashes, ids = by_group.setdefault(g, ([], []))
             hashes.append(block_hash)
             ids.append(block_id)
-        self._computed.clear()
         for g, (hashes, ids) in by_group.items():
-            self._submit(g, hashes, ids)
+            self.writer.submit(g, self.keys.keys(g, hashes), self.pages.gather(g, ids))
+
+    def _on_event(self, event: BlockEvent) -> None:
+        if type(event) is BlockStored and not self._importing:
+            self._computed.append((event.group_id, event.block_hash, event.block_id))
 
     def _on_written(self, group_id: int, num_blocks: int, num_bytes: int,
                     seconds: float) -> None:
@@ -317,7 +345,8 @@ class KVTier:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every block handed to the writer is in the store (or
-        dropped), and make the store write out what it buffers."""
+        dropped), and make the store write out what it buffers. (Blocks evicted
+        since the last `before_step` are not handed over yet.)"""
         done = self.writer.flush(timeout)
         self.guard.flush()
         return done

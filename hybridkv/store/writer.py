@@ -25,6 +25,11 @@ from hybridkv.store.payload import BlockLayout, encode_block
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
 # blocks per store call at most (several submitted batches are merged up to this)
 MAX_BLOCKS_PER_PUT = 256
+# the thread is woken once this many blocks or bytes wait (or on flush), else it looks
+# every WAKE_SECONDS: waking it for every small batch costs more than the batch
+WAKE_BLOCKS = 64
+WAKE_BYTES = 4 << 20
+WAKE_SECONDS = 0.05
 
 
 class _Batch:
@@ -39,7 +44,8 @@ class _Batch:
         self.nbytes = data.nbytes
 
     def block(self, i: int) -> bytes:
-        return np.ascontiguousarray(self.data[:, i]).tobytes()
+        data = self.data
+        return data[0, i].tobytes() if data.shape[0] == 1 else data[:, i].tobytes()
 
 
 class BackgroundWriter:
@@ -57,10 +63,13 @@ class BackgroundWriter:
         self.on_written = on_written
         self.max_pending_bytes = max_pending_bytes
         self.dropped_blocks = 0
+        self.cpu_seconds = 0.0  # the thread's CPU time writing
         self._queue: deque[_Batch] = deque()
+        self._queued_blocks = 0
         self._pending: dict[bytes, tuple[_Batch, int]] = {}
         self._pending_bytes = 0
         self._busy = False
+        self._flushing = False
         self._closed = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="hybridkv-store-writer",
@@ -76,11 +85,15 @@ class BackgroundWriter:
             if self._closed or self._pending_bytes + batch.nbytes > self.max_pending_bytes:
                 self.dropped_blocks += len(keys)
                 return False
+            pending = self._pending
             for i, key in enumerate(keys):
-                self._pending[key] = (batch, i)
+                pending[key] = (batch, i)
             self._pending_bytes += batch.nbytes
             self._queue.append(batch)
-            self._cond.notify()
+            self._queued_blocks += len(keys)
+            if len(self._queue) == 1 or self._queued_blocks >= WAKE_BLOCKS \
+                    or self._pending_bytes >= WAKE_BYTES:
+                self._cond.notify()  # the first batch starts the thread's timed wait
         return True
 
     def has(self, key: bytes) -> bool:
@@ -99,11 +112,16 @@ class BackgroundWriter:
         """Wait until everything submitted is written; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cond.wait(left)
+            self._flushing = True
+            self._cond.notify_all()
+            try:
+                while self._queue or self._busy:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(left)
+            finally:
+                self._flushing = False
         return True
 
     def close(self, timeout: float = 10.0) -> None:
@@ -119,21 +137,31 @@ class BackgroundWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
+                while not self._ready():
+                    self._cond.wait(WAKE_SECONDS if self._queue else None)
+                    if self._queue:  # a straggler: written after WAKE_SECONDS at most
+                        break
                 if self._closed and not self._queue:
                     return
                 batches = self._take()
                 self._busy = True
+            start = time.thread_time()
             try:
                 for group_id, group_batches in batches.items():
                     self._write(group_id, group_batches)
             finally:
+                self.cpu_seconds += time.thread_time() - start
                 with self._cond:
                     for batch in (b for bs in batches.values() for b in bs):
                         self._forget(batch)
                     self._busy = False
                     self._cond.notify_all()
+
+    def _ready(self) -> bool:
+        """Whether the thread has work worth waking for (lock held)."""
+        if self._closed or self._flushing:
+            return True
+        return self._queued_blocks >= WAKE_BLOCKS or self._pending_bytes >= WAKE_BYTES
 
     def _take(self) -> dict[int, list[_Batch]]:
         """Queued batches up to MAX_BLOCKS_PER_PUT blocks, by group (lock held)."""
@@ -144,6 +172,7 @@ class BackgroundWriter:
             batch = self._queue.popleft()
             out.setdefault(batch.group_id, []).append(batch)
             num_blocks += len(batch.keys)
+        self._queued_blocks -= num_blocks
         return out
 
     def _write(self, group_id: int, batches: list[_Batch]) -> None:

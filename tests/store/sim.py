@@ -65,6 +65,8 @@ class SimEngine:
     def _computed(self, req, start, n):
         """The step computed tokens [start, start + n): fill the blocks it completed."""
         end = start + n
+        if self.tier is not None:
+            self.tier.before_step()  # evicted blocks leave before the step writes
         req.num_computed_tokens = end
         groups = self.kv.get_blocks(req.request_id).blocks
         for g, (spec, blocks) in enumerate(zip(self.kv.config.specs, groups)):
