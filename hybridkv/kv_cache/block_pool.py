@@ -24,12 +24,12 @@ from hybridkv.kv_cache.events import (
     BlockStored,
     EventSubscriber,
 )
-from hybridkv.kv_cache.eviction.policy import EvictionPolicy, make_eviction_policy
-
-# Block.value_hint: no likely future hit needs the block / no opinion / a hit at a
-# junction (where requests sharing a prefix diverge) needs it / a running request
-# still holds the prefix a hit would need it with (rated again when it ends)
-LOW_VALUE, NORMAL_VALUE, JUNCTION, PROTECTED = -1, 0, 1, 2
+from hybridkv.kv_cache.eviction import (
+    NORMAL_VALUE,
+    EvictionPolicy,
+    Rating,
+    make_eviction_policy,
+)
 
 
 class Block:
@@ -44,10 +44,9 @@ class Block:
         self.block_hash: bytes | None = None
         self.group_id = -1
         # eviction hints: prefix hits on the data since it was stored, and how the group
-        # that released it rates its reuse (LOW_VALUE, NORMAL_VALUE, JUNCTION or
-        # PROTECTED); policies may use or ignore them
+        # that released it rates its reuse; policies may use or ignore them
         self.num_hits = 0
-        self.value_hint = NORMAL_VALUE
+        self.value_hint: Rating = NORMAL_VALUE
         self.queue_slot = -1  # for the eviction policy's own use (e.g. a tier)
 
     def __repr__(self) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from hybridkv.kv_cache.block_pool import BlockPool
 from hybridkv.kv_cache.coordinator import GroupBlocks, HybridCoordinator
 from hybridkv.kv_cache.events import EventSubscriber
-from hybridkv.kv_cache.eviction.policy import DEFAULT_EVICTION_POLICY
+from hybridkv.kv_cache.eviction import DEFAULT_EVICTION_POLICY
 from hybridkv.kv_cache.hashing import check_hash_algo
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.request import Request

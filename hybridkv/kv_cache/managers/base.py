@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from itertools import chain
 from typing import ClassVar
 
-from hybridkv.kv_cache.block_pool import JUNCTION, PROTECTED, Block, BlockPool
+from hybridkv.kv_cache.block_pool import Block, BlockPool
+from hybridkv.kv_cache.eviction import JUNCTION, PROTECTED, Rating
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import KVCacheSpec
 
@@ -64,7 +65,7 @@ class SingleTypeManager(ABC):
         self.retained_blocks: dict[str, list[Block]] = {}
         # per request: blocks skipping released rated PROTECTED (block, its hash, the
         # rating it had), and per block id how many running requests protect it
-        self.protected_blocks: dict[str, list[tuple[Block, bytes, int]]] = {}
+        self.protected_blocks: dict[str, list[tuple[Block, bytes, Rating]]] = {}
         self.num_protecting: dict[int, int] = {}
 
     # ---- the type's rules ----------------------------------------------------
@@ -271,7 +272,7 @@ class SingleTypeManager(ABC):
             block.value_hint = PROTECTED
             counts[block.block_id] = counts.get(block.block_id, 0) + 1
 
-    def _unprotect(self, protected: list[tuple[Block, bytes, int]]) -> list[Block]:
+    def _unprotect(self, protected: list[tuple[Block, bytes, Rating]]) -> list[Block]:
         """The request ends: its protected blocks get their rating back, unless
         another running request protects them too or they were evicted meanwhile.
         Returns the free ones, tail first, to queue anew with its release."""

@@ -18,7 +18,7 @@ from hybridkv import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from hybridkv.kv_cache.eviction.policy import EVICTION_POLICIES, make_eviction_policy
+from hybridkv.kv_cache.eviction import EVICTION_POLICIES, make_eviction_policy
 from hybridkv.testing import (
     full_is_reusable,
     hybrid_longest_reusable,

@@ -12,7 +12,7 @@ from hybridkv import (
     Request,
     SlidingWindowSpec,
 )
-from hybridkv.kv_cache.block_pool import JUNCTION, LOW_VALUE, NORMAL_VALUE
+from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE
 from hybridkv.kv_cache.managers.mamba import MambaManager
 from hybridkv.kv_cache.managers.sliding_window import SlidingWindowManager
 
