@@ -53,6 +53,8 @@ class SingleTypeManager(ABC):
         self.group_id = group_id
         self.pool = pool
         self.null_block = pool.null_block
+        # hash -> the block caching it in this group, or None (for hit searches)
+        self.cached_block = pool.cached_block_getter(group_id)
         self.stride = spec.block_size // hash_block_size
         self.enable_caching = enable_caching
         self.req_to_blocks: dict[str, list[Block]] = {}

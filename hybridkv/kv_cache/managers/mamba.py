@@ -55,7 +55,7 @@ class MambaManager(SingleTypeManager):
                                max_length: int) -> list[Block]:
         stride = self.stride
         num_blocks = min(max_length // self.block_size, len(block_hashes) // stride)
-        get = self.pool.cached[self.group_id].get
+        get = self.cached_block
         for i in range(num_blocks - 1, -1, -1):
             block = get(block_hashes[(i + 1) * stride - 1])
             if block is not None:

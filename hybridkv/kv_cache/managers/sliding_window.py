@@ -33,7 +33,7 @@ class SlidingWindowManager(SingleTypeManager):
                                max_length: int) -> list[Block]:
         spec, stride = self.spec, self.stride
         num_blocks = min(max_length // self.block_size, len(block_hashes) // stride)
-        get = self.pool.cached[self.group_id].get
+        get = self.cached_block
         sinks: list[Block] = []
         for i in range(min(spec.num_sink_blocks, num_blocks)):
             block = get(block_hashes[(i + 1) * stride - 1])
@@ -50,7 +50,7 @@ class SlidingWindowManager(SingleTypeManager):
         need, stride, null = self.spec.num_window_blocks, self.stride, self.null_block
         if need == 0:
             return sinks + [null] * (num_blocks - len(sinks))
-        get = self.pool.cached[self.group_id].get
+        get = self.cached_block
         if num_blocks >= need:  # the common case: the last window is cached
             last = list(map(get, block_hashes[(num_blocks - need + 1) * stride - 1:
                                               num_blocks * stride:stride]))

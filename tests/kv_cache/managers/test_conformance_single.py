@@ -185,7 +185,7 @@ class FirstStateMambaManager(MambaManager):
     def find_longest_cache_hit(self, block_hashes, max_length):
         hashes = self.group_hashes(block_hashes, max_length // self.block_size)
         for i, block_hash in enumerate(hashes):
-            block = self.pool.cached[self.group_id].get(block_hash)
+            block = self.cached_block(block_hash)
             if block is not None:
                 return [self.null_block] * i + [block]
         return []
@@ -195,7 +195,7 @@ class HoleyFullManager(FullAttentionManager):
     """Reads past a missing block as if it were not needed."""
 
     def find_longest_cache_hit(self, block_hashes, max_length):
-        get = self.pool.cached[self.group_id].get
+        get = self.cached_block
         hit = [get(h) or self.null_block
                for h in self.group_hashes(block_hashes, max_length // self.block_size)]
         while hit and hit[-1] is self.null_block:
