@@ -220,20 +220,21 @@ class NeverSkipManager(SlidingWindowManager):
 class ReleaseOnCheckManager(SlidingWindowManager):
     """Releases blocks a window left behind while only checking the count."""
 
-    def num_blocks_to_allocate(self, request, num_computed_tokens, num_tokens, hit):
+    def num_blocks_to_allocate(self, request, num_computed_tokens, num_tokens, hit, junction):
         if not hit:
-            self.remove_skipped_blocks(request, num_computed_tokens)
-        return super().num_blocks_to_allocate(request, num_computed_tokens, num_tokens, hit)
+            self.remove_skipped_blocks(request, num_computed_tokens, junction)
+        return super().num_blocks_to_allocate(request, num_computed_tokens, num_tokens, hit,
+                                              junction)
 
 
 class ForgetfulFullManager(FullAttentionManager):
     """Forgets to return a request's first block when it ends."""
 
-    def free(self, request):
+    def free(self, request, junction):
         blocks = self.req_to_blocks.get(request.request_id)
         if blocks and len(blocks) > 3:
             blocks.pop(0)
-        super().free(request)
+        super().free(request, junction)
 
 
 @pytest.mark.parametrize("spec_class, manager_class, oracle, symptom", [
