@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hybridkv.kv_cache.block_pool import LOW_VALUE, Block
+from hybridkv.kv_cache.block_pool import Block
+from hybridkv.kv_cache.eviction import LOW_VALUE
 from hybridkv.kv_cache.managers.base import SingleTypeManager
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec

@@ -124,8 +124,7 @@ class KVTier:
         new_blocks, new_tokens, matched = kv.find_cache_hit(request)
         if new_tokens <= num_tokens:
             return pool_hit
-        # the prompt now matches cached full-attention blocks this far (a retention hint)
-        request.num_shared_prefix_tokens = max(request.num_shared_prefix_tokens, matched)
+        kv.note_junction(request, matched)  # where the prompt now diverges from the cache
         gained = new_tokens - num_tokens
         self._stats.hit_requests += 1
         self._stats.hit_tokens += gained

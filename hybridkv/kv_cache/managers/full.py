@@ -19,13 +19,13 @@ class FullAttentionManager(SingleTypeManager):
     """
 
     spec_class: ClassVar[type[KVCacheSpec]] = FullAttentionSpec
-    accepts_lookup = True
     downward_closed = True
+    accepts_lookup = True
     skips = False
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
                                lookup: Lookup | None = None) -> list[Block]:
-        get = lookup or self.pool.cached[self.group_id].get
+        get = lookup or self.cached_block
         hit: list[Block] = []
         for block_hash in self.group_hashes(block_hashes, max_length // self.block_size):
             block = get(block_hash)
