@@ -61,6 +61,13 @@ class LLM:
     files) makes string prompts and `chat` work; without it a preset uses its
     built-in tokenizer, a checkpoint directory its own tokenizer files, and a
     model object none (`self.tokenizer` is then None).
+
+    `kv_store` (a URL `cpu://?size=4GiB`, `file:///dir?size=20GiB`,
+    `redis://host:port/db`, a `hybridkv.store.KVStore`, or True for `cpu://`)
+    puts a second tier behind the pool: evicted blocks are written there and
+    prefixes the pool lacks are read back (`kv_store_write_through`: write
+    blocks when computed instead; `kv_store_select`: "hybrid" or "all", which
+    evicted blocks to keep). See docs/kv_tiers.md.
     """
 
     def __init__(self, model: Any, *, enable_prefix_caching: bool = True, block_size: int = 16,

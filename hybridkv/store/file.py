@@ -182,34 +182,50 @@ class FileStore(KVStore):
                     break
                 plan.append(value if value is not None else entry)  # type: ignore[arg-type]
         out: list[bytes] = []
-        files: dict[str, object] = {}
+        files: dict[str, int] = {}
         try:
-            for item in plan:
+            i = 0
+            while i < len(plan):
+                item = plan[i]
                 if isinstance(item, bytes):
                     out.append(item)
+                    i += 1
                     continue
-                value = self._read(files, *item)
-                if value is None:
+                end = _run_end(plan, i)  # entries i..end-1: adjacent in one object
+                values = self._read(files, plan[i:end])  # type: ignore[arg-type]
+                out += values
+                if len(values) < end - i:
                     break
-                out.append(value)
+                i = end
         finally:
-            for f in files.values():
-                f.close()  # type: ignore[attr-defined]
+            for fd in files.values():
+                os.close(fd)
         self._refresh([item[0] for item in plan[:len(out)] if not isinstance(item, bytes)])
         return out
 
-    def _read(self, files: dict, name: str, offset: int, length: int) -> bytes | None:
-        f = files.get(name)
+    def _read(self, files: dict[str, int], run: list[tuple[str, int, int]]) -> list[bytes]:
+        """Values of a run of adjacent entries of one object, read at once
+        (fewer if the object is gone or cut short)."""
+        name, start = run[0][0], run[0][1]
+        size = run[-1][1] + run[-1][2] - start
         try:
-            if f is None:
-                f = files[name] = open(os.path.join(self.directory, name), "rb")
-            data = os.pread(f.fileno(), length, offset)
+            fd = files.get(name)
+            if fd is None:
+                fd = files[name] = os.open(os.path.join(self.directory, name), os.O_RDONLY)
+            data = os.pread(fd, size, start)
         except FileNotFoundError:  # evicted meanwhile: a miss
-            return None
+            return []
         except OSError as e:
             raise StoreError(f"file store {self.directory}: reading {name} failed: {e}") \
                 from None
-        return data if len(data) == length else None
+        view = memoryview(data)
+        out = []
+        for _, offset, length in run:
+            if offset - start + length > len(data):
+                break
+            out.append(bytes(view[offset - start:offset - start + length]) if len(run) > 1
+                       else data)
+        return out
 
     def _refresh(self, names: list[str]) -> None:
         """Read objects become the most recent, the one holding the run's head last."""
@@ -289,6 +305,17 @@ class FileStore(KVStore):
             self._objects[name] = _Object(name, size, list(offsets))
             self._used += size
         self._evict()
+
+
+def _run_end(plan: list, i: int) -> int:
+    """End of the run of entries from `i` stored back to back in one object."""
+    name, offset, length = plan[i]
+    j = i + 1
+    while j < len(plan) and not isinstance(plan[j], bytes) and plan[j][0] == name \
+            and plan[j][1] == offset + length:
+        _, offset, length = plan[j]
+        j += 1
+    return j
 
 
 def _read_index(path: str, size: int) -> dict[bytes, tuple[int, int]] | None:
