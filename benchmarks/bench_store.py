@@ -55,8 +55,14 @@ def ttft(llm: LLM, prompt: list[int]) -> tuple[float, int, int]:
 
 
 def engine(model, args, store=None, **kwargs) -> LLM:
-    return LLM(model, block_size=args.block_size, max_num_batched_tokens=args.chunk,
-               kv_cache_memory_bytes=args.kv_cache_bytes, kv_store=store, **kwargs)
+    """An engine whose pool memory is touched and whose first step has run (a warm
+    server): a 32-token prompt sharing no block with the document, untimed."""
+    llm = LLM(model, block_size=args.block_size, max_num_batched_tokens=args.chunk,
+              kv_cache_memory_bytes=args.kv_cache_bytes, kv_store=store, **kwargs)
+    for slot in llm.executor.kv_slots:
+        slot.zero_()
+    llm.generate([list(range(3, 35))], ONE)
+    return llm
 
 
 def recompute(model, doc, questions, args) -> dict:
@@ -88,14 +94,17 @@ def load_runs(model, doc, questions, kind: str, args, workdir: str) -> dict:
         stats = reader.kv_store_stats()
         assert external == cached > 0, (kind, cached, external)
         runs.append(t)
-        loads.append({"load_s": stats.load_seconds, "read_bytes": stats.read_bytes,
-                      "loaded_blocks": stats.loaded_blocks, "external_tokens": external})
+        loads.append({"load_s": stats.load_seconds, "load_cpu_s": stats.load_cpu_seconds,
+                      "read_bytes": stats.read_bytes, "loaded_blocks": stats.loaded_blocks,
+                      "external_tokens": external})
         if kind != "cpu":
             reader.close()
     load_s = statistics.median(x["load_s"] for x in loads)
+    load_cpu_s = statistics.median(x["load_cpu_s"] for x in loads)
     return {"ttft_s": statistics.median(runs), "runs": runs, "loads": loads,
-            "load_s": load_s, "read_bytes": loads[0]["read_bytes"],
+            "load_s": load_s, "load_cpu_s": load_cpu_s, "read_bytes": loads[0]["read_bytes"],
             "load_bytes_per_s": loads[0]["read_bytes"] / load_s,
+            "load_bytes_per_cpu_s": loads[0]["read_bytes"] / load_cpu_s,
             "written_blocks": written.written_blocks, "written_bytes": written.written_bytes,
             "block_sizes": block_sizes(written)}
 
@@ -109,7 +118,7 @@ def block_sizes(stats) -> list[tuple[int, int]]:
 def ceilings(kind: str, result: dict, args) -> dict:
     if kind == "redis":
         return redis_bytes_per_s(args.redis_url, result["block_sizes"])
-    return {"memcpy_bytes_per_s": memcpy_bytes_per_s(result["read_bytes"])}
+    return memcpy_bytes_per_s(result["read_bytes"])
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -20,16 +20,19 @@ import time
 import torch
 
 
-def memcpy_bytes_per_s(num_bytes: int, repeats: int = 7) -> float:
+def memcpy_bytes_per_s(num_bytes: int, repeats: int = 7) -> dict:
+    """Wall-clock and CPU-time bytes/s of one copy of `num_bytes` (median of `repeats`)."""
     src = torch.randint(0, 255, (num_bytes,), dtype=torch.uint8)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    times = []
+    walls, cpus = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return num_bytes / statistics.median(times)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.thread_time() - c0)
+    return {"memcpy_bytes_per_s": num_bytes / statistics.median(walls),
+            "memcpy_bytes_per_cpu_s": num_bytes / max(statistics.median(cpus), 1e-9)}
 
 
 def redis_bytes_per_s(url: str, sizes: list[tuple[int, int]], repeats: int = 3) -> dict:

@@ -8,8 +8,8 @@ therefore its page in slots 0 .. num_layers(g)-1, of which the first
 its padding).
 
 `TorchPages.gather` copies blocks out as uint8 `[num_layers, n, layer_bytes]`
-(one `index_select` per layer); `scatter` writes such data back into other
-blocks. `SimulatedPages` does the same bookkeeping without a model (for
+(one `index_select` per layer); `scatter` writes blocks given as stored,
+`[n, num_layers, layer_bytes]`, into other blocks (one `index_copy_` per layer). `SimulatedPages` does the same bookkeeping without a model (for
 benchmarks of hit rates and tests of the tier alone).
 """
 
@@ -38,7 +38,8 @@ class PageIO(Protocol):
         """A copy of these blocks, uint8 `[num_layers, n, layer_bytes]`."""
 
     def scatter(self, group_id: int, block_ids: Sequence[int], data: np.ndarray) -> None:
-        """Write `data` (uint8 `[num_layers, n, layer_bytes]`) into these blocks."""
+        """Write `data` (uint8 `[n, num_layers, layer_bytes]`: block after block,
+        as stored) into these blocks."""
 
 
 def group_layout(config: KVCacheConfig, group_id: int) -> tuple[int, int, str]:
@@ -94,9 +95,9 @@ class TorchPages:
     def scatter(self, group_id: int, block_ids: Sequence[int], data: np.ndarray) -> None:
         index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         words = np.ascontiguousarray(data).view(self._words[group_id][1])
-        src = torch.from_numpy(words).to(self.device)
+        src = torch.from_numpy(words).to(self.device)  # [n, num_layers, words]
         for layer, pages in enumerate(self._pages[group_id]):
-            pages.index_copy_(0, index, src[layer])
+            pages.index_copy_(0, index, src[:, layer])
 
 
 class SimulatedPages:
@@ -118,7 +119,7 @@ class SimulatedPages:
         return self.data[group_id, list(block_ids)][None]
 
     def scatter(self, group_id: int, block_ids: Sequence[int], data: np.ndarray) -> None:
-        self.data[group_id, list(block_ids)] = data[0]
+        self.data[group_id, list(block_ids)] = data[:, 0]
 
     def fill(self, group_id: int, block_id: int, content: bytes) -> None:
         row = np.frombuffer(content.ljust(self.layer_bytes, b"\0")[:self.layer_bytes],

@@ -26,7 +26,8 @@ class KVStoreStats:
     `hit_tokens`: prompt tokens reused because of the store (beyond what
     the device pool alone held), also on `RequestOutput` as
     `num_external_cached_tokens`. `load_seconds` is time spent on the
-    engine's thread reading and copying blocks in; `store_seconds` the
+    engine's thread reading and copying blocks in (`load_cpu_seconds` its CPU
+    time, which other processes on the machine do not inflate); `store_seconds` the
     background writer's time encoding and putting them. `errors`: failed
     store calls; `skipped_calls`: calls not tried while the store was
     unavailable; `dropped_blocks`: evicted blocks not written (writer
@@ -45,6 +46,7 @@ class KVStoreStats:
     rejected_blocks: int = 0
     dropped_blocks: int = 0
     load_seconds: float = 0.0
+    load_cpu_seconds: float = 0.0  # the engine thread's CPU time of those loads
     store_seconds: float = 0.0
     errors: int = 0
     skipped_calls: int = 0

@@ -59,13 +59,19 @@ def held_positions(eng, prompt):
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-@pytest.mark.parametrize("select", ["hybrid", "all"])
-def test_hits_through_the_store_match_brute_force(name, select):
+@pytest.mark.parametrize("select, store_bytes", [("hybrid", 1 << 24), ("all", 1 << 24),
+                                                 ("hybrid", 40_000)])
+def test_hits_through_the_store_match_brute_force(name, select, store_bytes):
+    """Every admission: the hit equals the brute-force hybrid answer over the blocks
+    in the pool or the store (a small store evicts too), and every hit block holds
+    the request's own data."""
     specs = CONFIGS[name]
     rng = random.Random(hash(name) % 1000)
-    eng = SimEngine(specs, num_blocks=30 * len(specs), store=CpuStore(1 << 24), select=select)
+    eng = SimEngine(specs, num_blocks=30 * len(specs), store=CpuStore(store_bytes),
+                    select=select)
     total_external = 0
     for prompt in workload(rng):
+        eng.tier.flush()  # the store holds still while the expectation is computed
         rules = [(oracle_for(s), s, held) for s, held in zip(specs, held_positions(eng, prompt))]
         expected = hybrid_longest_reusable(rules, len(prompt) - 1)
         hit, external = eng.run(prompt)
@@ -74,6 +80,7 @@ def test_hits_through_the_store_match_brute_force(name, select):
     eng.tier.flush()
     stats = eng.tier.stats()
     assert total_external > 0 and stats.hit_tokens == total_external
+    assert (stats.store.evicted_keys > 0) == (store_bytes < 1 << 20)
     assert stats.loaded_blocks > 0 and stats.written_blocks > 0 and stats.rejected_blocks == 0
     assert eng.checked_blocks > 0
 
