@@ -60,7 +60,7 @@ def held_positions(eng, prompt):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("select, store_bytes", [("hybrid", 1 << 24), ("all", 1 << 24),
-                                                 ("hybrid", 40_000)])
+                                                 ("hybrid", 12_000)])
 def test_hits_through_the_store_match_brute_force(name, select, store_bytes):
     """Every admission: the hit equals the brute-force hybrid answer over the blocks
     in the pool or the store (a small store evicts too), and every hit block holds
