@@ -140,3 +140,25 @@ def test_write_through_serves_a_second_engine(preset):
     outs, _ = run(second, [batches[0]])
     assert [o.output_token_ids for o in outs] == [o.output_token_ids for o in ref_outs[:3]]
     assert all(o.num_external_cached_tokens == o.num_cached_tokens > 0 for o in outs), name
+
+
+def test_cache_salts_and_models_keep_stored_blocks_apart():
+    """The same tokens under another cache salt, or on another model, never come
+    from the store; under the same salt they do."""
+    store = CpuStore(64 << 20)
+    doc = list(range(10, 80))
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    first = LLM("gemma3-tiny", block_size=BLOCK, num_blocks=512, kv_store=store,
+                kv_store_write_through=True)
+    first.generate([{"prompt_token_ids": doc + [1], "cache_salt": "tenant-a"}], params)
+    first.flush_kv_store()
+
+    def external(llm, salt):
+        out = llm.generate([{"prompt_token_ids": doc + [2], "cache_salt": salt}], params)[0]
+        return out.num_external_cached_tokens
+
+    same = LLM("gemma3-tiny", block_size=BLOCK, num_blocks=512, kv_store=store)
+    assert external(same, "tenant-b") == 0
+    assert external(same, "tenant-a") > 0
+    other_model = LLM("gemma3-tiny", seed=1, block_size=BLOCK, num_blocks=512, kv_store=store)
+    assert external(other_model, "tenant-a") == 0
