@@ -8,7 +8,9 @@ with a new question: it loads the document's blocks and computes only the
 question. Reported per backend: TTFT, load time and bytes (the tier's own
 counters), load bytes/s, and the ceiling of the same transfer measured in
 the same run: a memcpy of the loaded bytes (cpu, file) and loopback Redis
-SET/GET of values of the loaded sizes through redis-py (redis).
+SET/GET of as many values of the loaded sizes, through redis-py (pipelined SETs,
+one MGET: what the store does, without checks or copies) and `redis-benchmark`
+(redis).
 
     python benchmarks/bench_store.py --out /tmp/store-bench             # small model
     python benchmarks/bench_store.py --out /tmp/store-bench --repeats 3 \\
@@ -37,6 +39,7 @@ from store_ceilings import memcpy_bytes_per_s, redis_bytes_per_s, start_redis
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.store import CpuStore
+from hybridkv.store.payload import HEADER_BYTES
 
 SMALL_DIMS = {
     "hidden_size": 256, "intermediate_size": 1536, "num_hidden_layers": 12,
@@ -96,7 +99,7 @@ def load_runs(model, doc, questions, kind: str, args, workdir: str) -> dict:
         runs.append(t)
         loads.append({"load_s": stats.load_seconds, "load_cpu_s": stats.load_cpu_seconds,
                       "read_bytes": stats.read_bytes, "loaded_blocks": stats.loaded_blocks,
-                      "external_tokens": external})
+                      "external_tokens": external, "value_sizes": value_sizes(stats)})
         if kind != "cpu":
             reader.close()
     load_s = statistics.median(x["load_s"] for x in loads)
@@ -106,18 +109,18 @@ def load_runs(model, doc, questions, kind: str, args, workdir: str) -> dict:
             "load_bytes_per_s": loads[0]["read_bytes"] / load_s,
             "load_bytes_per_cpu_s": loads[0]["read_bytes"] / load_cpu_s,
             "written_blocks": written.written_blocks, "written_bytes": written.written_bytes,
-            "block_sizes": block_sizes(written)}
+            "value_sizes": loads[0]["value_sizes"]}
 
 
-def block_sizes(stats) -> list[tuple[int, int]]:
-    """(payload bytes, blocks) per group, from the writer's counters."""
-    return [(g.written_bytes // g.written_blocks, g.written_blocks)
-            for g in stats.groups if g.written_blocks]
+def value_sizes(stats) -> list[tuple[int, int]]:
+    """(stored value bytes, blocks) per group of what one load read."""
+    return [(g.read_bytes // g.loaded_blocks + HEADER_BYTES, g.loaded_blocks)
+            for g in stats.groups if g.loaded_blocks]
 
 
 def ceilings(kind: str, result: dict, args) -> dict:
     if kind == "redis":
-        return redis_bytes_per_s(args.redis_url, result["block_sizes"])
+        return redis_bytes_per_s(args.redis_url, result["value_sizes"])
     return memcpy_bytes_per_s(result["read_bytes"])
 
 

@@ -13,6 +13,7 @@ class GroupTierStats:
     """Per KV cache group, cumulative."""
 
     loaded_blocks: int = 0  # blocks read from the store into the pool
+    loaded_tokens: int = 0  # tokens those blocks cover (a Mamba state: its block's)
     read_bytes: int = 0
     written_blocks: int = 0  # blocks the store took
     written_bytes: int = 0

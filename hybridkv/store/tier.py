@@ -118,9 +118,10 @@ class KVTier:
         if reach <= num_tokens:
             return pool_hit
         num_new = min(request.num_tokens - reach, budget)
-        if kv.num_blocks_to_admit(request, hit, reach, num_new) > kv.num_free_blocks \
-                or not self._import(hit, hashes):
+        if kv.num_blocks_to_admit(request, hit, reach, num_new) > kv.num_free_blocks:
             return pool_hit._replace(must_wait=can_wait)
+        if not self._import(hit, hashes):  # nothing arrived (gone, damaged, store down)
+            return pool_hit
         new_blocks, new_tokens, matched = kv.find_cache_hit(request)
         if new_tokens <= num_tokens:
             return pool_hit
@@ -216,7 +217,7 @@ class KVTier:
             wanted += [(g, group_hashes[i]) for i, b in enumerate(group_blocks)
                        if b is EXTERNAL]
         imp = self.kv.begin_import(hit, wanted)
-        if imp is None:
+        if imp is None:  # (not after the caller's check: holding frees nothing)
             return False
         self.before_step()  # blocks the import took may hold evicted data: copy it out first
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -253,6 +254,7 @@ class KVTier:
                 loaded[js[i]] = True
             stats = self._stats.groups[g]
             stats.loaded_blocks += len(ok)
+            stats.loaded_tokens += len(ok) * self.managers[g].block_size
             stats.read_bytes += arr.nbytes
         return loaded
 
