@@ -70,6 +70,7 @@ class BackgroundWriter:
         self._pending_bytes = 0
         self._busy = False
         self._flushing = False
+        self._first_queued = 0.0  # when the oldest queued batch arrived
         self._closed = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="hybridkv-store-writer",
@@ -89,6 +90,8 @@ class BackgroundWriter:
             for i, key in enumerate(keys):
                 pending[key] = (batch, i)
             self._pending_bytes += batch.nbytes
+            if not self._queue:
+                self._first_queued = time.monotonic()
             self._queue.append(batch)
             self._queued_blocks += len(keys)
             if len(self._queue) == 1 or self._queued_blocks >= WAKE_BLOCKS \
@@ -138,9 +141,13 @@ class BackgroundWriter:
         while True:
             with self._cond:
                 while not self._ready():
-                    self._cond.wait(WAKE_SECONDS if self._queue else None)
-                    if self._queue:  # a straggler: written after WAKE_SECONDS at most
+                    # nothing queued: sleep until a submit; else until the oldest batch
+                    # has waited WAKE_SECONDS (a lone batch is written that late at most)
+                    left = None if not self._queue else \
+                        self._first_queued + WAKE_SECONDS - time.monotonic()
+                    if left is not None and left <= 0:
                         break
+                    self._cond.wait(left)
                 if self._closed and not self._queue:
                     return
                 batches = self._take()
@@ -158,10 +165,13 @@ class BackgroundWriter:
                     self._cond.notify_all()
 
     def _ready(self) -> bool:
-        """Whether the thread has work worth waking for (lock held)."""
-        if self._closed or self._flushing:
+        """Whether the thread has work worth waking for, or must stop (lock held)."""
+        if self._closed:
             return True
-        return self._queued_blocks >= WAKE_BLOCKS or self._pending_bytes >= WAKE_BYTES
+        if not self._queue:
+            return False
+        return self._flushing or self._queued_blocks >= WAKE_BLOCKS \
+            or self._pending_bytes >= WAKE_BYTES
 
     def _take(self) -> dict[int, list[_Batch]]:
         """Queued batches up to MAX_BLOCKS_PER_PUT blocks, by group (lock held)."""
@@ -173,6 +183,7 @@ class BackgroundWriter:
             out.setdefault(batch.group_id, []).append(batch)
             num_blocks += len(batch.keys)
         self._queued_blocks -= num_blocks
+        self._first_queued = time.monotonic()  # the rest waits from now on
         return out
 
     def _write(self, group_id: int, batches: list[_Batch]) -> None:
