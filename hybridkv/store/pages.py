@@ -9,7 +9,8 @@ its padding).
 
 `TorchPages.gather` copies blocks out as uint8 `[num_layers, n, layer_bytes]`
 (one `index_select` per layer); `scatter` writes blocks given as stored,
-`[n, num_layers, layer_bytes]`, into other blocks (one `index_copy_` per layer). `SimulatedPages` does the same bookkeeping without a model (for
+`[n, num_layers, layer_bytes]`, into other blocks (one `index_copy_` per
+layer). `SimulatedPages` does the same bookkeeping without a model (for
 benchmarks of hit rates and tests of the tier alone).
 """
 

@@ -54,13 +54,14 @@ class Selection:
             raise ValueError(f"kv store selection must be one of {SELECTIONS}, got {select!r}")
         self.managers = managers
         self.select = select
-        self._always = [select == "all" or m.downward_closed for m in managers]
-        self._tails = [RecentSet(MAX_TAIL_HASHES) for _ in managers]
+        # per group: whether every block is stored, and the tail blocks of recent prompts
+        self.always = [select == "all" or m.downward_closed for m in managers]
+        self.tails = [RecentSet(MAX_TAIL_HASHES) for _ in managers]
 
     def worth_storing(self, block: Block) -> bool:
         g = block.group_id
-        return self._always[g] or block.value_hint != LOW_VALUE \
-            or block.block_hash in self._tails[g]
+        return self.always[g] or block.value_hint != LOW_VALUE \
+            or block.block_hash in self.tails[g]
 
     def note_prompt(self, request: Request, hashes: Sequence[bytes]) -> None:
         """Remember the blocks of each group that is not full attention which a
@@ -72,7 +73,7 @@ class Selection:
                 continue
             end = request.num_prompt_tokens // m.block_size
             start = max(0, end - TAIL_TOKENS // m.block_size - _reach_blocks(m.spec))
-            self._tails[g].update(m.group_hashes(hashes, end)[start:end])
+            self.tails[g].update(m.group_hashes(hashes, end)[start:end])
 
 
 def _reach_blocks(spec: KVCacheSpec) -> int:

@@ -30,6 +30,7 @@ import numpy as np
 
 from hybridkv.kv_cache.block_pool import Block
 from hybridkv.kv_cache.events import BlockEvent, BlockStored
+from hybridkv.kv_cache.eviction import LOW_VALUE
 from hybridkv.kv_cache.external import EXTERNAL, ImportSlot
 from hybridkv.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from hybridkv.kv_cache.managers.base import Lookup
@@ -293,11 +294,13 @@ class KVTier:
         storing; `before_step` copies them out before anything overwrites them."""
         if self.write_through:
             return  # written when computed
-        worth, hashes, ids = self.selection.worth_storing, self._evicted_hashes, self._evicted_ids
-        for block in blocks:
-            if worth(block):
-                hashes[block.group_id].append(block.block_hash)
-                ids[block.group_id].append(block.block_id)
+        hashes, ids = self._evicted_hashes, self._evicted_ids
+        always, tails, low = self.selection.always, self.selection.tails, LOW_VALUE
+        for block in blocks:  # `Selection.worth_storing`, inlined: a call per block counts
+            g = block.group_id
+            if always[g] or block.value_hint != low or block.block_hash in tails[g]:
+                hashes[g].append(block.block_hash)
+                ids[g].append(block.block_id)
         self._num_evicted += len(blocks)
 
     def before_step(self) -> None:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import repeat
 
 import numpy as np
 
@@ -86,9 +87,7 @@ class BackgroundWriter:
             if self._closed or self._pending_bytes + batch.nbytes > self.max_pending_bytes:
                 self.dropped_blocks += len(keys)
                 return False
-            pending = self._pending
-            for i, key in enumerate(keys):
-                pending[key] = (batch, i)
+            self._pending.update(zip(keys, zip(repeat(batch), range(len(keys)))))
             self._pending_bytes += batch.nbytes
             if not self._queue:
                 self._first_queued = time.monotonic()
