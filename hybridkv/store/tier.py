@@ -143,14 +143,10 @@ class KVTier:
             if not m.downward_closed:
                 continue
             group_hashes = m.group_hashes(hashes, limit // m.block_size)
-            table = self.kv.pool.cached[g]
-            start = num_pool_tokens // m.block_size  # the pool's hit holds the blocks before
-            while start < len(group_hashes) and group_hashes[start] in table:
-                start += 1
-            rest = group_hashes[start:]
-            n = self._prefix_held(g, rest) if m.accepts_lookup else 0
-            found[g].update(rest[:n])
-            upper = min(upper, (start + n) * m.block_size)
+            # the pool's hit holds the blocks before num_pool_tokens
+            reach = self._reach(g, group_hashes, num_pool_tokens // m.block_size, found[g]) \
+                if m.accepts_lookup else num_pool_tokens // m.block_size
+            upper = min(upper, reach * m.block_size)
         upper = upper // self.kv.coordinator.alignment * self.kv.coordinator.alignment
         if upper <= num_pool_tokens:
             return None
@@ -186,18 +182,26 @@ class KVTier:
 
         return lookup
 
-    def _prefix_held(self, group_id: int, hashes: Sequence[bytes]) -> int:
-        """How many leading blocks the writer's backlog or the store holds."""
-        keys = self.keys.keys(group_id, hashes)
-        n = 0
-        while n < len(keys):
-            if self.writer.has(keys[n]):
+    def _reach(self, group_id: int, hashes: Sequence[bytes], start: int,
+               found: set[bytes]) -> int:
+        """How many leading blocks of a full-attention group the pool, the writer's
+        backlog or the store hold, from `start` on; adds the ones only the latter
+        two hold to `found`. One store query per run of blocks the store holds."""
+        table = self.kv.pool.cached[group_id]
+        keys = self.keys.keys(group_id, hashes[start:])
+        n = start
+        while n < len(hashes):
+            if hashes[n] in table:
                 n += 1
-                continue
-            stored = self.guard.prefix_length(keys[n:])
-            if not stored:
-                break
-            n += stored
+            elif self.writer.has(keys[n - start]):
+                found.add(hashes[n])
+                n += 1
+            else:
+                stored = self.guard.prefix_length(keys[n - start:])
+                if not stored:
+                    break
+                found.update(hashes[n:n + stored])
+                n += stored
         return n
 
     def _held(self, keys: Sequence[bytes]) -> list[bool]:
