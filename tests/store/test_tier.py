@@ -197,3 +197,25 @@ def test_write_through_lets_a_second_engine_reuse_what_the_first_computed():
     second = SimEngine(specs, num_blocks=80, store=store)
     hit, external = second.run(doc + [3, 4])
     assert hit == external and hit >= len(doc) // 8 * 8 and second.checked_blocks > 0
+
+
+def test_a_hit_joins_pool_and_store_blocks_in_any_order():
+    """Full-attention block 3 and the window (blocks 8-9) only in the store, the rest
+    only in the pool: the hit runs through all ten blocks, the three loaded with the
+    request's own data."""
+    from hybridkv.store import encode_block
+    from tests.store.sim import content
+
+    store = CpuStore(1 << 24)
+    eng = SimEngine([FullAttentionSpec(4), SlidingWindowSpec(4, sliding_window=8)],
+                    num_blocks=60, store=store)
+    doc = list(range(5, 45))
+    eng.run(doc + [1])
+    hashes = Request("probe", doc).block_hashes(eng.kv.hash_algo, eng.kv.hash_block_size)
+    for g, i in ((0, 3), (1, 8), (1, 9)):  # move these blocks from the pool to the store
+        key = eng.tier.keys.key(g, hashes[i])
+        value = encode_block(eng.tier.layouts[g], key, content(g, doc[:(i + 1) * 4]))
+        store.put([key], [value])
+        eng.kv.evict_blocks([eng.kv.pool.get_cached_block(hashes[i], g).block_id])
+    hit, external = eng.run(doc + [2])
+    assert (hit, external) == (40, 40 - 12) and eng.tier.stats().loaded_blocks == 3
