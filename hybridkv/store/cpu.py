@@ -46,19 +46,20 @@ class CpuStore(KVStore):
     def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
         if len(keys) != len(values):
             raise ValueError(f"put: {len(keys)} keys but {len(values)} values")
-        stored = 0
+        stored, capacity, used = 0, self.capacity_bytes, 0
         with self._lock:
             data = self._data
             for key, value in zip(reversed(keys), reversed(values)):
-                cost = self._cost(key, value)
-                if cost > self.capacity_bytes:
+                cost = len(key) + len(value) + ENTRY_OVERHEAD
+                if cost > capacity:
                     continue
                 old = data.pop(key, None)
                 if old is not None:
-                    self._used -= self._cost(key, old)
+                    used -= len(key) + len(old) + ENTRY_OVERHEAD
                 data[key] = value
-                self._used += cost
+                used += cost
                 stored += 1
+            self._used += used
             self._evict()
         return stored
 

@@ -1,14 +1,14 @@
 """Which evicted blocks are worth a place in the store.
 
 `hybrid` (default): every full-attention block (any prefix of a hit is a
-hit, so the head of a chain is never useless); a sliding-window, chunked or
-Mamba block only when a likely hit needs it: the group rated it above low
-value when it was released (junctions, prompt and request ends, the Mamba
-fallback grid, windows of the prompt's tail), or a hit stopping in the last
-TAIL_TOKENS of some recent prompt needs it (where a question or a new turn
-usually follows the shared part). A window block that only tokens long
-passed needed is not stored: no later hit can use it without the blocks
-after it.
+hit, so no block of a chain is useless); a sliding-window, chunked or Mamba
+block only when a likely hit needs it: the group rated it above low value
+when it was released (windows and states at junctions, prompt and request
+ends, the Mamba fallback grid; a sliding-window group also keeps the windows
+of its prompt's last 256 tokens), or it is a Mamba state in the last
+TAIL_TOKENS of a recent prompt (where a question or a new turn usually
+follows the shared part). A window block that a long prompt merely passed
+is left out: no hit can use it without the blocks after it.
 
 `all`: every evicted block.
 """
@@ -21,7 +21,12 @@ from hybridkv.kv_cache.block_pool import Block
 from hybridkv.kv_cache.eviction import LOW_VALUE
 from hybridkv.kv_cache.managers.base import SingleTypeManager
 from hybridkv.kv_cache.request import Request
-from hybridkv.kv_cache.specs import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from hybridkv.kv_cache.specs import (
+    ChunkedLocalAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 
 SELECTIONS = ("hybrid", "all")
 TAIL_TOKENS = 256
@@ -57,6 +62,8 @@ class Selection:
         # per group: whether every block is stored, and the tail blocks of recent prompts
         self.always = [select == "all" or m.downward_closed for m in managers]
         self.tails = [RecentSet(MAX_TAIL_HASHES) for _ in managers]
+        self._noted = [g for g, m in enumerate(managers)
+                       if not self.always[g] and isinstance(m.spec, MambaSpec)]
 
     def worth_storing(self, block: Block) -> bool:
         g = block.group_id
@@ -64,13 +71,14 @@ class Selection:
             or block.block_hash in self.tails[g]
 
     def note_prompt(self, request: Request, hashes: Sequence[bytes]) -> None:
-        """Remember the blocks of each group that is not full attention which a
-        hit stopping in the last TAIL_TOKENS of this prompt needs."""
+        """Remember the blocks a hit stopping in the last TAIL_TOKENS of this
+        prompt needs, in the groups whose own ratings do not keep them (Mamba
+        rates states between its anchors low; a sliding-window group already
+        keeps the windows of its prompt's tail, a chunked group rates nothing)."""
         if self.select != "hybrid":
             return
-        for g, m in enumerate(self.managers):
-            if m.downward_closed:
-                continue
+        for g in self._noted:
+            m = self.managers[g]
             end = request.num_prompt_tokens // m.block_size
             start = max(0, end - TAIL_TOKENS // m.block_size - _reach_blocks(m.spec))
             self.tails[g].update(m.group_hashes(hashes, end)[start:end])

@@ -48,6 +48,13 @@ class _Batch:
         data = self.data
         return data[0, i].tobytes() if data.shape[0] == 1 else data[:, i].tobytes()
 
+    def blocks(self) -> list[memoryview]:
+        """Every block's data, block after block (one copy of the batch)."""
+        data = np.ascontiguousarray(self.data.transpose(1, 0, 2))  # [n, num_layers, bytes]
+        view = memoryview(data).cast("B")
+        size = data[0].nbytes if len(data) else 0
+        return [view[i * size:(i + 1) * size] for i in range(len(data))]
+
 
 class BackgroundWriter:
     """A queue of blocks to put and the thread that puts them.
@@ -191,9 +198,9 @@ class BackgroundWriter:
         keys: list[bytes] = []
         values: list[bytes] = []
         for batch in batches:
-            for i, key in enumerate(batch.keys):
-                keys.append(key)
-                values.append(encode_block(layout, key, batch.block(i)))
+            blocks = batch.blocks()
+            keys += batch.keys
+            values += [encode_block(layout, key, data) for key, data in zip(batch.keys, blocks)]
         stored = self.guard.put(keys, values)
         if stored:
             self.on_written(group_id, stored, sum(map(len, values)), time.perf_counter() - t0)
