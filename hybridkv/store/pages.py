@@ -8,10 +8,11 @@ therefore its page in slots 0 .. num_layers(g)-1, of which the first
 its padding).
 
 `TorchPages.gather` copies blocks out as uint8 `[num_layers, n, layer_bytes]`
-(one `index_select` per layer); `scatter` writes blocks given as stored,
-`[n, num_layers, layer_bytes]`, into other blocks (one `index_copy_` per
-layer). `SimulatedPages` does the same bookkeeping without a model (for
-benchmarks of hit rates and tests of the tier alone).
+(one `index_select` per layer); `scatter` writes blocks given as stored (a
+buffer each: the page in each layer, one after another) into other blocks,
+on the CPU by one row copy per block and layer straight from those buffers.
+`SimulatedPages` does the same bookkeeping without a model (for benchmarks
+of hit rates and tests of the tier alone).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import torch
 
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.specs import AttentionSpec, MambaSpec
+
+Buffer = bytes | bytearray | memoryview
 
 _WORDS = {8: (torch.int64, np.dtype(np.int64)), 4: (torch.int32, np.dtype(np.int32)),
           2: (torch.int16, np.dtype(np.int16)), 1: (torch.uint8, np.dtype(np.uint8))}
@@ -38,9 +41,9 @@ class PageIO(Protocol):
     def gather(self, group_id: int, block_ids: Sequence[int]) -> np.ndarray:
         """A copy of these blocks, uint8 `[num_layers, n, layer_bytes]`."""
 
-    def scatter(self, group_id: int, block_ids: Sequence[int], data: np.ndarray) -> None:
-        """Write `data` (uint8 `[n, num_layers, layer_bytes]`: block after block,
-        as stored) into these blocks."""
+    def scatter(self, group_id: int, block_ids: Sequence[int], blocks: Sequence[Buffer]) -> None:
+        """Write each block's data, as stored (its page in each layer, one after
+        another: `num_layers * layer_bytes` bytes), into these blocks."""
 
 
 def group_layout(config: KVCacheConfig, group_id: int) -> tuple[int, int, str]:
@@ -77,6 +80,9 @@ class TorchPages:
             pages = [s.view(word[0]).view(config.num_blocks, -1) for s in slots]
             self._pages.append([pages[config.layer_to_tensor[name]][:, :used // size]
                                 for name in group.layer_names])
+        # numpy views of the same memory (CPU): a row copy costs about 1 us there
+        self._host_pages = [[p.numpy() for p in group] for group in self._pages] \
+            if self.device.type == "cpu" else []
 
     def layout(self, group_id: int) -> tuple[int, int, str]:
         return self._layouts[group_id]
@@ -93,12 +99,21 @@ class TorchPages:
                 out[layer].copy_(pages.index_select(0, index))
         return out.numpy().view(np.uint8)
 
-    def scatter(self, group_id: int, block_ids: Sequence[int], data: np.ndarray) -> None:
+    def scatter(self, group_id: int, block_ids: Sequence[int], blocks: Sequence[Buffer]) -> None:
+        num_layers, word = len(self._pages[group_id]), self._words[group_id][1]
+        if self.device.type == "cpu":  # row copies straight from the stored bytes
+            pages = self._host_pages[group_id]
+            for block_id, data in zip(block_ids, blocks):
+                rows = np.frombuffer(data, dtype=word).reshape(num_layers, -1)
+                for layer, layer_pages in enumerate(pages):
+                    layer_pages[block_id] = rows[layer]
+            return
+        # elsewhere: one host buffer, one transfer, one index_copy_ per layer
+        src = torch.from_numpy(np.stack([np.frombuffer(d, dtype=word).reshape(num_layers, -1)
+                                         for d in blocks])).to(self.device)
         index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        words = np.ascontiguousarray(data).view(self._words[group_id][1])
-        src = torch.from_numpy(words).to(self.device)  # [n, num_layers, words]
-        for layer, pages in enumerate(self._pages[group_id]):
-            pages.index_copy_(0, index, src[:, layer])
+        for layer, layer_pages in enumerate(self._pages[group_id]):
+            layer_pages.index_copy_(0, index, src[:, layer])
 
 
 class SimulatedPages:
@@ -119,8 +134,9 @@ class SimulatedPages:
     def gather(self, group_id: int, block_ids: Sequence[int]) -> np.ndarray:
         return self.data[group_id, list(block_ids)][None]
 
-    def scatter(self, group_id: int, block_ids: Sequence[int], data: np.ndarray) -> None:
-        self.data[group_id, list(block_ids)] = data[:, 0]
+    def scatter(self, group_id: int, block_ids: Sequence[int], blocks: Sequence[Buffer]) -> None:
+        for block_id, data in zip(block_ids, blocks):
+            self.data[group_id, block_id] = np.frombuffer(data, dtype=np.uint8)
 
     def fill(self, group_id: int, block_id: int, content: bytes) -> None:
         row = np.frombuffer(content.ljust(self.layer_bytes, b"\0")[:self.layer_bytes],

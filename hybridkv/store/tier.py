@@ -26,8 +26,6 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import numpy as np
-
 from hybridkv.kv_cache.block_pool import Block
 from hybridkv.kv_cache.events import BlockEvent, BlockStored
 from hybridkv.kv_cache.eviction import LOW_VALUE
@@ -85,7 +83,6 @@ class KVTier:
         self._num_evicted = 0
         self._computed: list[tuple[int, bytes, int]] = []
         self._importing = False
-        self._scratch = bytearray()
         kv.on_evict(self._on_evict)
         if self.write_through:
             kv.subscribe(self._on_event)
@@ -248,27 +245,15 @@ class KVTier:
             ok = [i for i, d in enumerate(data) if d is not None]
             if not ok:
                 continue
-            size = self.layouts[g].data_bytes
-            buf = self._buffer(len(ok) * size)
-            for c, i in enumerate(ok):  # one memcpy per block, block after block
-                buf[c * size:(c + 1) * size] = data[i]  # type: ignore[index]
-            arr = np.frombuffer(buf, dtype=np.uint8, count=len(ok) * size).reshape(
-                len(ok), self.layouts[g].num_layers, self.layouts[g].layer_bytes)
-            self.pages.scatter(g, [slots[js[i]].block.block_id for i in ok], arr)
+            self.pages.scatter(g, [slots[js[i]].block.block_id for i in ok],
+                               [data[i] for i in ok])  # type: ignore[misc]
             for i in ok:
                 loaded[js[i]] = True
             stats = self._stats.groups[g]
             stats.loaded_blocks += len(ok)
             stats.loaded_tokens += len(ok) * self.managers[g].block_size
-            stats.read_bytes += arr.nbytes
+            stats.read_bytes += len(ok) * self.layouts[g].data_bytes
         return loaded
-
-    def _buffer(self, num_bytes: int) -> memoryview:
-        """A scratch buffer of at least `num_bytes`, kept across loads (fresh memory
-        would cost a page fault per 4 KiB on every load)."""
-        if len(self._scratch) < num_bytes:
-            self._scratch = bytearray(num_bytes)
-        return memoryview(self._scratch)
 
     def _read(self, group_id: int, keys: list[bytes]) -> list[bytes | memoryview | None]:
         """Checked block data per key (None: not available or rejected)."""
