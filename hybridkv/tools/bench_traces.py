@@ -63,9 +63,13 @@ class TokenStream:
 
 @dataclass(frozen=True)
 class TraceRequest:
+    """A prompt, the tokens decoded after it, and the request it must wait for, if any
+    (a chat turn is sent once the previous turn's answer is complete)."""
+
     request_id: str
     prompt_token_ids: tuple[int, ...]
     decode_token_ids: tuple[int, ...]
+    after: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class Trace:
     def build(cls, name: str, params: dict, requests: list[TraceRequest]) -> Trace:
         digest = hashlib.sha256()
         for r in requests:
-            digest.update(r.request_id.encode() + b"\0")
+            digest.update(r.request_id.encode() + b"\0" + (r.after or "").encode() + b"\0")
             digest.update(struct.pack("<II", len(r.prompt_token_ids), len(r.decode_token_ids)))
             digest.update(struct.pack(f"<{len(r.prompt_token_ids)}I", *r.prompt_token_ids))
             digest.update(struct.pack(f"<{len(r.decode_token_ids)}I", *r.decode_token_ids))
@@ -124,7 +128,8 @@ def multi_turn_round_robin(num_sessions: int = 32, num_turns: int = 7, system_le
     A turn's prompt is the session's history (shared system prompt, every
     earlier message and every earlier output) plus a new message: the first
     one long (a pasted document), later ones shorter (sizes drawn from the
-    ranges). The previous turn's whole sequence is a prefix of the next.
+    ranges). The previous turn's whole sequence is a prefix of the next, and
+    a turn waits until the previous one has finished (`after`).
     """
     system = TokenStream(seed, _CHAT, 0).tokens(system_len, vocab)
     turns: list[list[TraceRequest]] = [[] for _ in range(num_turns)]
@@ -135,7 +140,9 @@ def multi_turn_round_robin(num_sessions: int = 32, num_turns: int = 7, system_le
             size = first_message if t == 0 else message
             prompt = history + stream.tokens(stream.integer(*size), vocab)
             output = stream.tokens(stream.integer(*decode), vocab)
-            turns[t].append(TraceRequest(f"chat{s}-turn{t}", tuple(prompt), tuple(output)))
+            after = f"chat{s}-turn{t - 1}" if t else None
+            turns[t].append(TraceRequest(f"chat{s}-turn{t}", tuple(prompt), tuple(output),
+                                         after))
             history = prompt + output
     params = dict(num_sessions=num_sessions, num_turns=num_turns, system_len=system_len,
                   first_message=list(first_message), message=list(message),

@@ -7,8 +7,10 @@ waiting requests first come first served while a running slot and token
 budget remain, then frees the requests that are done. An allocation that
 does not fit preempts the most recently admitted running request (it
 re-prefills later, after a fresh lookup); an admission that does not fit
-ends admission for the step. The hit rate counts, per request, the cached
-tokens found when it was first admitted over its prompt length.
+ends admission for the step, and so does a request whose `after` request
+(the previous turn of its chat) has not finished yet. The hit rate counts,
+per request, the cached tokens found when it was first admitted over its
+prompt length.
 
 The driver sees the manager through `ManagerAdapter` (the public
 `KVCacheManager` API only) and times only those calls, so requests/s is the
@@ -164,6 +166,7 @@ class _Driver:
         self.max_batched_tokens = max_batched_tokens
         self.waiting = deque(_Slot(tr) for tr in trace.requests)
         self.running: list[_Slot] = []
+        self.finished_ids: set[str] = set()
         self.res = ReplayResult()
 
     def call(self, name: str, fn, *args):
@@ -179,7 +182,7 @@ class _Driver:
         budget, preempted = self._serve_running(budget)
         if not preempted:
             self._admit(budget)
-            if not self.running and self.waiting:
+            if not self.running and self.waiting and self._can_start(self.waiting[0]):
                 raise ValueError(f"request {self.waiting[0].tr.request_id} does not fit the "
                                  f"empty pool ({self.adapter.num_free_blocks()} free blocks)")
         self._finish_done()
@@ -231,6 +234,8 @@ class _Driver:
     def _admit(self, budget: int) -> None:
         while self.waiting and len(self.running) < self.max_running and budget > 0:
             slot = self.waiting[0]
+            if not self._can_start(slot):
+                return
             if slot.handle is None:
                 slot.handle = self.call("start", self.adapter.start, slot.tr)
             hit = self.call("lookup", self.adapter.lookup, slot.handle)
@@ -247,11 +252,15 @@ class _Driver:
             budget -= n
             self.running.append(slot)
 
+    def _can_start(self, slot: _Slot) -> bool:
+        return slot.tr.after is None or slot.tr.after in self.finished_ids
+
     def _finish_done(self) -> None:
         still = []
         for slot in self.running:
             if slot.done:
                 self.call("free", self.adapter.free, slot.handle)
+                self.finished_ids.add(slot.tr.request_id)
                 self.res.finished += 1
             else:
                 still.append(slot)
