@@ -34,7 +34,7 @@ import sys
 import warnings
 from array import array
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import xxhash
 
@@ -43,7 +43,7 @@ _BUILD_ERROR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                  "_chainhash.build-error.txt")
 
 
-def _load_extension() -> tuple[object | None, str | None]:
+def _load_extension() -> tuple[Any, str | None]:
     """(the C module, None) or (None, why it is missing)."""
     name = "hybridkv.kv_cache._chainhash"
     try:
