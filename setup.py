@@ -14,6 +14,7 @@ then warns once and hashes in pure Python (same digests, about 7x slower).
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from setuptools import Extension, setup
@@ -80,7 +81,13 @@ class OptionalBuildExt(build_ext):
 
 
 def _reason(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {str(err).strip() or 'no message'}".splitlines()[0]
+    """One line: the error, with a failed compiler command shortened to its program."""
+    text = (str(err).strip() or "no message").splitlines()[0]
+    failed = re.search(r"Command '\['([^']+)'.*returned non-zero exit status (\d+)", text)
+    if failed:
+        text = (f"the compiler ({failed.group(1)}) exited with status {failed.group(2)}; "
+                f"pip install -v shows its messages")
+    text = f"{type(err).__name__}: {text}"
     return text if len(text) <= 300 else text[:297] + "..."
 
 

@@ -130,7 +130,7 @@ def test_failed_build_installs_warns_and_is_named_at_run_time(tmp_path):
     assert "C hashing extension hybridkv.kv_cache._chainhash was NOT built" in build.stderr
     marker = os.path.join(src, "hybridkv", "kv_cache", "_chainhash.build-error.txt")
     with open(marker) as f:
-        assert f.read().startswith("CompileError")
+        assert f.read().startswith("CompileError: the compiler (false) exited with status 1")
 
     run = _run([sys.executable, "-c", HASH_TWICE], src)
     warnings = [ln for ln in run.stderr.splitlines() if "RuntimeWarning" in ln]
