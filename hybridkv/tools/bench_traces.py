@@ -150,10 +150,11 @@ def multi_turn_round_robin(num_sessions: int = 32, num_turns: int = 7, system_le
     return Trace.build("multi_turn_round_robin", params, [r for turn in turns for r in turn])
 
 
-# (family prefix length, variant lengths): headers from 560 to 9,400 tokens, two of
-# them shorter than a 1,024-token window; no length is a multiple of 16
-FEWSHOT_TREE = ((150, (170, 505)), (410, (395, 1030, 2250)), (1350, (930, 3650)),
-                (2950, (630, 6130)))
+# (family prefix length, variant lengths): below a 296-token system prompt, headers of
+# 616 to 9,383 tokens, two of them shorter than a 1,024-token window; no header or
+# junction length is a multiple of 16
+FEWSHOT_TREE = ((150, (170, 505)), (410, (395, 1030, 2250)), (1350, (935, 3655)),
+                (2950, (630, 6137)))
 
 
 def branching_fewshot(num_requests: int = 360, system_len: int = 296,
