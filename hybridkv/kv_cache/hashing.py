@@ -99,6 +99,7 @@ def _warn_fallback() -> None:
                   f"Python headers, or set {ALLOW_PYTHON_ENV}=1 if this is intended.",
                   RuntimeWarning, stacklevel=2)
 
+
 HASH_ALGOS = ("sha256", "xxhash")
 _ALGO_IDS = {"sha256": 0, "xxhash": 1}
 _SEED_TEXT = b"hybridkv/block-hash/v1"
