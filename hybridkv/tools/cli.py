@@ -46,17 +46,28 @@ class _VersionAction(argparse.Action):
 
 
 def check_output_dir(path: str, flag: str = "--out") -> str:
-    """Create `path` if needed and check a file can be written there, before any work.
+    """Check, before any work, that a file can be written in `path` (created if missing).
 
-    Raises ValueError naming the flag and the path (a path under a file, a
-    read-only or virtual file system, ...).
+    Folders the check had to create are removed again, so that a run that
+    then fails on another argument leaves nothing behind. Raises ValueError
+    naming the flag and the path (a path under a file, a read-only or
+    virtual file system, ...).
     """
+    created = []
+    head = os.path.abspath(path)
+    while not os.path.exists(head):
+        created.append(head)
+        head = os.path.dirname(head)
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as e:
         raise ValueError(f"{flag} {path}: cannot write there ({e.strerror or e})") from e
+    finally:
+        for folder in created:  # deepest first
+            if os.path.isdir(folder):
+                os.rmdir(folder)
     return path
 
 
@@ -112,8 +123,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = "benchmarks:\n" + "\n".join(f"  {name:15s} {script.summary}"
                                             for name, script in SCRIPTS.items())
-    p.add_argument("name", metavar="NAME", choices=list(SCRIPTS),
-                   help="the benchmark to run (listed below)")
+    p.add_argument("name", metavar="NAME", help="the benchmark to run (listed below)")
     p.add_argument("args", nargs=argparse.REMAINDER,
                    help="the script's own arguments (NAME --help lists them); every script "
                         "takes --out DIR (default ./hybridkv-bench-output) and --quick")

@@ -51,14 +51,18 @@ def format_bytes(num_bytes: int) -> str:
 
 
 def parse_sweep(text: str) -> list[float]:
-    """'0.25,0.5,1,2' -> budget multipliers; ValueError naming --sweep otherwise."""
-    try:
-        factors = [float(f) for f in str(text).split(",") if f.strip()]
-    except ValueError:
-        factors = []
-    if not factors or not all(0 < f < float("inf") for f in factors):
-        raise ValueError(f"--sweep {text!r} is not a list of positive budget multipliers "
-                         f"like 0.25,0.5,1,2")
+    """'0.25,0.5,1,2' -> budget multipliers; ValueError naming --sweep and the bad item."""
+    items = [f.strip() for f in str(text).split(",")]
+    factors = []
+    for item in items:
+        try:
+            value = float(item)
+        except ValueError:
+            value = float("nan")
+        if not 0 < value < float("inf"):
+            raise ValueError(f"--sweep {text!r}: {item!r} is not a positive budget multiplier "
+                             f"(use a list like 0.25,0.5,1,2)")
+        factors.append(value)
     return factors
 
 

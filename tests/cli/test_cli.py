@@ -26,7 +26,7 @@ def run_cli(*args):
      "neither a file"),
     (["simulate", "--model", "unknown-model", "--memory", "1GiB"], "unknown model"),
     (["simulate", "--model", "jamba-1.5-mini", "--memory", "1MiB"], "raise the budget"),
-    (["bench", "no-such-bench"], "invalid choice"),
+    (["bench", "no-such-bench"], "unknown benchmark"),
     (["no-such-command"], "invalid choice"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(args, match):

@@ -79,12 +79,14 @@ def test_simulate_out_under_a_file_is_one_clear_line(tmp_path):
                                    "cannot write there (Not a directory)")
 
 
-@pytest.mark.parametrize("sweep", ["abc", "0.5,x", "0,1", "-1", "", "inf"])
-def test_bad_sweep_names_the_flag(sweep, capsys, tmp_path):
+@pytest.mark.parametrize("sweep, bad", [("abc", "abc"), ("0.5,x", "x"), ("0,1", "0"),
+                                        ("-1", "-1"), ("", ""), ("inf", "inf"),
+                                        ("1,,2", "")])
+def test_bad_sweep_names_the_flag(sweep, bad, capsys, tmp_path):
     code = cli.main(["simulate", "--model", "gemma-3-27b", "--memory", "1GiB",
                      "--sweep", sweep, "--out", str(tmp_path)])
     assert code == 2
-    assert f"--sweep {sweep!r} is not a list of positive budget multipliers" in \
+    assert f"--sweep {sweep!r}: {bad!r} is not a positive budget multiplier" in \
         one_error_line(capsys)
 
 
@@ -142,3 +144,11 @@ def test_bench_outside_a_checkout_says_so(monkeypatch, tmp_path, capsys):
     assert cli.main(["bench", "hashing"]) == 2
     line = one_error_line(capsys)
     assert "not installed with the package" in line and "source checkout" in line
+
+
+def test_the_output_check_leaves_no_folder_when_the_run_then_fails(tmp_path, capsys):
+    out = tmp_path / "new" / "sub"
+    code = cli.main(["simulate", "--model", "gemma-3-27b", "--memory", "1KiB",
+                     "--trace", "few-shot", "--out", str(out)])
+    assert code == 2 and "kv_cache_memory_bytes=1024" in one_error_line(capsys)
+    assert not (tmp_path / "new").exists()
