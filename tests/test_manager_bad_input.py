@@ -1,5 +1,7 @@
 """Every invalid call raises the documented error and changes nothing."""
 
+import warnings
+
 import pytest
 from snapshot import snapshot
 
@@ -115,19 +117,24 @@ def test_refused_allocation_changes_nothing_not_even_window_releases():
     req.num_computed_tokens = 16
     before = snapshot(mgr)
     # the window would release blocks, but 16 more tokens need more than the pool has
-    assert mgr.allocate_slots(req, 16) is None
+    with pytest.raises(ValueError, match="never be served"):
+        mgr.allocate_slots(req, 16)
     assert snapshot(mgr) == before
     mgr.check_integrity()
 
 
-def test_free_is_idempotent_and_unknown_requests_are_ignored():
+def test_free_twice_or_of_an_unknown_request_raises_and_changes_nothing():
     mgr = make_manager()
     req = Request("a", list(range(9)))
     mgr.allocate_slots(req, 9)
     mgr.free(req)
     after = snapshot(mgr)
-    mgr.free(req)
-    mgr.free(Request("never", [1]))
+    with pytest.raises(KeyError, match="'a' holds no blocks"):
+        mgr.free(req)
+    with pytest.raises(KeyError, match="'never' holds no blocks"):
+        mgr.free(Request("never", [1]))
+    with pytest.raises(KeyError, match="'a' holds no blocks"):
+        mgr.get_block_ids("a")
     assert snapshot(mgr) == after
     assert mgr.num_free_blocks == 15
 
@@ -211,9 +218,21 @@ def test_per_group_stats_and_stranded_tokens():
     assert stats.evictions == 0 and stats.group_evictions == [0, 0]
 
 
-def test_warns_once_when_a_repeated_prefix_never_hits():
+def test_warns_once_per_manager_when_repeated_prefixes_never_hit():
     mgr = make_manager(num_blocks=8)
-    with pytest.warns(RuntimeWarning, match="found nothing reusable"):
-        for i in range(3):
-            req = Request(f"r{i}", list(range(8)))
-            mgr.get_computed_blocks(req)  # never allocated: never cached
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for start in (0, 100):  # two prompt starts, each looked up 5 times in vain
+            for i in range(5):
+                mgr.get_computed_blocks(Request(f"r{i}", list(range(start, start + 8))))
+    assert len(caught) == 1 and "looked up 3 times" in str(caught[0].message)
+    assert mgr.prefix_cache_stats.repeated_miss_prefixes == 2
+
+
+def test_repeated_miss_warning_can_be_turned_off():
+    mgr = make_manager(num_blocks=8, warn_repeated_misses=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i in range(5):
+            mgr.get_computed_blocks(Request(f"r{i}", list(range(8))))
+    assert mgr.prefix_cache_stats.repeated_miss_prefixes == 1

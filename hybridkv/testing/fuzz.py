@@ -76,6 +76,7 @@ CONFIGS: dict[str, tuple[KVCacheSpec, ...]] = {
     "full_sliding_small_blocks": (Full(2), Sliding(6, sliding_window=5)),
     "full_chunked": (Full(4), Chunked(2, attention_chunk_size=6)),
     "full_mamba_interval": (Full(4), MambaSpec(4, checkpoint_interval=3)),
+    "sliding_mamba_interval": (Sliding(4, sliding_window=5), MambaSpec(4, checkpoint_interval=2)),
     "full_sliding_mamba": (Full(4), Sliding(8, sliding_window=12), MambaSpec(4)),
     "sink_full_sliding": (SinkFullAttentionSpec(4, sink_len=4), Sliding(4, sliding_window=5)),
     "sliding_sinks": (Sliding(4, sliding_window=6, num_sink_tokens=3),),
@@ -137,7 +138,8 @@ class KVCacheMachine(RuleBasedStateMachine):
                                label="num_blocks")
         groups = [KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)]
         self.kv = KVCacheManager(KVCacheConfig(num_blocks, groups), enable_caching=caching,
-                                 hash_algo=algo, eviction_policy=policy)
+                                 hash_algo=algo, eviction_policy=policy,
+                                 warn_repeated_misses=False)
         self.shadow = ShadowCache(specs, self.kv.null_block_id, algo, self.kv.hash_block_size,
                                   caching)
         self.align = math.lcm(*(s.block_size for s in specs))
@@ -233,11 +235,12 @@ class KVCacheMachine(RuleBasedStateMachine):
         req = self.running.pop(i % len(self.running))
         self.kv.free(req)
         self.pending.pop(req.request_id, None)
-        after = state_snapshot(self.kv)
-        self.kv.free(req)  # freeing twice changes nothing
-        self._require(not snapshot_diff(after, state_snapshot(self.kv))
-                      and not any(self.kv.get_block_ids(req.request_id)),
-                      f"free({req.request_id}) left blocks or was not idempotent")
+        after = state_snapshot(self.kv)  # the request is unknown now: KeyError, no change
+        self._require(_raises_key_error(self.kv.free, req)
+                      and _raises_key_error(self.kv.get_block_ids, req.request_id)
+                      and not snapshot_diff(after, state_snapshot(self.kv)),
+                      f"free({req.request_id}) again or get_block_ids after free did not "
+                      f"raise KeyError, or changed the state")
         if preempt:
             req.num_computed_tokens = 0
             self.waiting.insert(0, req)
@@ -357,7 +360,13 @@ class KVCacheMachine(RuleBasedStateMachine):
         kv = self.kv
         before = state_snapshot(kv)
         start = req.num_computed_tokens + num_hit
-        if kv.allocate_slots(req, n, num_hit, hit) is None:
+        try:
+            new_blocks = kv.allocate_slots(req, n, num_hit, hit)
+        except ValueError:  # can never fit: only when no other request holds blocks
+            self._require(all(r is req for r in self.running),
+                          f"allocate_slots({req}, {n}) raised while others hold blocks")
+            new_blocks = None
+        if new_blocks is None:
             diff = snapshot_diff(before, state_snapshot(kv))
             self._require(not diff, f"a refused allocate_slots({req}, {n}) changed {diff}")
             self.stats.refusals += 1
@@ -371,6 +380,14 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.evicted.difference_update(written)  # new data: shared only through a hit again
         self.stats.allocations += 1
         return True
+
+
+def _raises_key_error(call, arg) -> bool:
+    try:
+        call(arg)
+    except KeyError:
+        return True
+    return False
 
 
 def make_machine(config_names: Sequence[str] | None = None,

@@ -258,8 +258,11 @@ ROWS = [
     ("evict a negative block id", lambda w: w.kv.evict_blocks([-1]), ValueError,
      r"block id -1"),
     ("evict a str block id", lambda w: w.kv.evict_blocks(["3"]), ValueError, r"block id '3'"),
-    ("free twice", lambda w: w.kv.free(w.finished), None, None),
-    ("free a request never seen", lambda w: w.kv.free(Request("never", [1])), None, None),
+    ("free twice", lambda w: w.kv.free(w.finished), KeyError, r"holds no blocks"),
+    ("free a request never seen", lambda w: w.kv.free(Request("never", [1])), KeyError,
+     r"'never' holds no blocks"),
+    ("block ids of an unknown request", lambda w: w.kv.get_block_ids("nope"), KeyError,
+     r"'nope' holds no blocks"),
     # the engine
     ("token outside the vocabulary", lambda w: w.llm.generate([[1, 2, 512]]), ValueError,
      r"token id 512"),
