@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hybridkv.kv_cache.block_pool import BlockPool
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.coordinator import GroupBlocks, HybridCoordinator
 from hybridkv.kv_cache.events import EventSubscriber
 from hybridkv.kv_cache.eviction import DEFAULT_EVICTION_POLICY
@@ -90,12 +91,6 @@ class _Held:
         self.junction = junction
         self.max_tokens = 0
         self.max_computed = 0
-
-
-def _check_count(name: str, value: object) -> int:
-    if type(value) is not int or value < 0:  # noqa: E721 - bools are not counts
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    return value
 
 
 class KVCacheManager:
@@ -275,10 +270,8 @@ class KVCacheManager:
         """Validate an allocate_slots call; return the token count after it."""
         if type(request) is not Request and not isinstance(request, Request):
             raise ValueError(f"request must be a Request, got {type(request).__name__}")
-        if type(num_new_tokens) is not int or num_new_tokens < 0:
-            _check_count("num_new_tokens", num_new_tokens)
-        if type(num_new_computed_tokens) is not int or num_new_computed_tokens:
-            _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        check_int("num_new_tokens", num_new_tokens, 0)
+        check_int("num_new_computed_tokens", num_new_computed_tokens, 0)
         held = self._held.get(request.request_id)
         if held is not None and held.request is not request:
             raise ValueError(f"request id {request.request_id!r} is already in use by "

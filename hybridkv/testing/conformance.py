@@ -31,6 +31,7 @@ from unittest.mock import patch
 
 from hybridkv.kv_cache import specs as sp
 from hybridkv.kv_cache.block_pool import Block
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.eviction import make_eviction_policy
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
 from hybridkv.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -345,8 +346,7 @@ def _run_cases(name: str, make_specs: Callable[[random.Random], Sequence[KVCache
                oracles: Callable[[KVCacheSpec], Oracle], bound: DecodeBound,
                manager_class: type[SingleTypeManager] | None, num_cases: int, seed: int,
                first_case: int, eviction_policy: str) -> ConformanceReport:
-    if isinstance(num_cases, bool) or not isinstance(num_cases, int) or num_cases < 1:
-        raise ValueError(f"num_cases must be an int >= 1, got {num_cases!r}")
+    check_int("num_cases", num_cases, 1)
     make_eviction_policy(eviction_policy, [])  # ValueError for an unknown name
     report = ConformanceReport(name)
     for case in range(first_case, first_case + num_cases):
