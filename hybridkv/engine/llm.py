@@ -12,7 +12,13 @@ from typing import Any
 import torch
 
 from hybridkv.engine.executor import ModelExecutor
-from hybridkv.engine.sampling import RequestMetrics, RequestOutput, Sampler, SamplingParams
+from hybridkv.engine.sampling import (
+    RequestMetrics,
+    RequestOutput,
+    Sampler,
+    SamplingParams,
+    find_stop_string,
+)
 from hybridkv.engine.scheduler import ScheduledSeq, Scheduler, SeqState
 from hybridkv.kv_cache.hashing import max_token_id
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
@@ -155,9 +161,19 @@ class LLM:
         return finished
 
     def _stop_reason(self, seq: SeqState, token: int) -> str | None:
-        if not seq.params.ignore_eos and token in self.runner.eos_token_ids:
+        params = seq.params
+        if not params.ignore_eos and token in self.runner.eos_token_ids:
             return "stop"
-        if seq.num_output_tokens >= seq.params.max_tokens:
+        if token in params.stop_token_ids:
+            seq.stop_reason = token
+            return "stop"
+        if params.stop and self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.request.output_token_ids, skip_special_tokens=True)
+            found = find_stop_string(text, params.stop)
+            if found is not None:
+                seq.stop_reason = found[1]
+                return "stop"
+        if seq.num_output_tokens >= params.max_tokens:
             return "length"
         if seq.request.num_tokens >= self.runner.max_model_len:
             return "length"
@@ -166,13 +182,52 @@ class LLM:
     def _output(self, seq: SeqState) -> RequestOutput:
         req = seq.request
         out = RequestOutput(req.request_id, req.prompt_token_ids, req.output_token_ids,
-                            max(seq.num_cached_tokens, 0), seq.finish_reason)
+                            max(seq.num_cached_tokens, 0), seq.finish_reason,
+                            stop_reason=seq.stop_reason)
         if seq.first_token_time is not None and seq.finished_time is not None:
             out.metrics = RequestMetrics(seq.arrival_time, seq.first_token_time,
                                          seq.finished_time)
         if self.tokenizer is not None:
             out.text = self.tokenizer.decode(out.output_token_ids)
+            if isinstance(seq.stop_reason, str):  # the text ends before the stop string
+                out.text = out.text[:out.text.find(seq.stop_reason)]
         return out
+
+    # ---- one request at a time (serving) --------------------------------------
+
+    def add_request(self, prompt: Sequence[int] | str | Mapping[str, Any],
+                    params: SamplingParams | None = None, *, request_id: str | None = None,
+                    arrival_time: float | None = None) -> SeqState:
+        """Queue one prompt (as `generate` takes it) for the next `step()` calls.
+
+        Validated like `generate` (ValueError, nothing queued). `params.n`
+        must be 1 (add one request per sample). Returns the request's live
+        state: `request.output_token_ids` grow as `step()` samples,
+        `finish_reason` is set when it ends. `request_id` defaults to a fresh one.
+        """
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams) or params.n != 1:
+            raise ValueError(f"add_request takes one SamplingParams with n=1, got {params!r}")
+        ids, keys = self._prompt_parts(0, prompt)
+        self._check_fits(0, ids, params)
+        self._counter += 1
+        rid = f"req-{self._counter}" if request_id is None else request_id
+        seq = SeqState(Request(rid, ids, **keys), params, self._counter)
+        seq.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        self.scheduler.add(seq)
+        return seq
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a queued or running request and free its blocks; False if not found."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        seq.finished_time = time.perf_counter()
+        self.sampler.forget(request_id)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
 
     # ---- validation ----------------------------------------------------------
 
@@ -185,9 +240,13 @@ class LLM:
         parts = [self._prompt_parts(i, prompt) for i, prompt in enumerate(prompts)]
         for i, ((ids, _), p) in enumerate(zip(parts, per_prompt)):
             self._check_fits(i, ids, p)
-        for i, ((ids, keys), p) in enumerate(zip(parts, per_prompt)):
-            self._counter += 1
-            seqs.append(SeqState(Request(f"req-{self._counter}", ids, **keys), p, i))
+        for (ids, keys), p in zip(parts, per_prompt):
+            for sample in range(p.n):
+                self._counter += 1
+                params = p if sample == 0 or p.seed is None else \
+                    dataclasses.replace(p, seed=p.seed + sample)
+                seqs.append(SeqState(Request(f"req-{self._counter}", ids, **keys), params,
+                                     len(seqs)))
         return seqs
 
     def _prompt_parts(self, i: int, prompt: Any) -> tuple[list[int], dict[str, Any]]:
@@ -229,6 +288,9 @@ class LLM:
         return ids
 
     def _check_fits(self, i: int, ids: list[int], params: SamplingParams) -> None:
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"prompt {i}: stop strings {list(params.stop)} need a tokenizer, "
+                             f"which this model lacks; use stop_token_ids")
         limit = self.runner.max_model_len
         if len(ids) >= limit:
             raise ValueError(f"prompt {i} has {len(ids)} tokens; the model's context is "

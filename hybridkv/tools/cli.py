@@ -1,4 +1,4 @@
-"""The `hybridkv` command line: demo, simulate, bench.
+"""The `hybridkv` command line: demo, simulate, bench, serve.
 
 Errors in the arguments print one line and exit with status 2.
 """
@@ -41,7 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark script from benchmarks/")
     bench.add_argument("name", help="hashing, pool, lookup, replay, engine, pressure")
     bench.add_argument("args", nargs=argparse.REMAINDER)
+    _add_serve(sub)
     return parser
+
+
+def _add_serve(sub) -> None:
+    """`hybridkv serve MODEL`: the OpenAI-compatible server (hybridkv.serving)."""
+    from hybridkv.serving.options import add_serve_arguments
+
+    serve = sub.add_parser("serve", help="serve a model over the OpenAI HTTP API")
+    add_serve_arguments(serve)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
 
             presets = tuple(p for p in args.presets.split(",") if p)
             return run_demo(args.out, presets, show_progress=not args.no_progress)
+        if args.command == "serve":
+            from hybridkv.serving.server import run_server
+
+            return run_server(args)
         if args.command == "simulate":
             from hybridkv.tools.simulate import run_simulate
 
