@@ -5,11 +5,13 @@ session. Tests that use it must not silently skip: without redis-server the
 fixture fails with a clear message, unless HYBRIDKV_SKIP_REDIS=1.
 """
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -38,18 +40,23 @@ def _wait_for_ping(url: str, proc: subprocess.Popen, timeout: float = 15.0) -> N
     raise RuntimeError(f"redis-server at {url} did not answer PING within {timeout}s")
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
-    """URL (`redis://127.0.0.1:PORT/0`) of a redis-server running for this session."""
+def redis_server_exe() -> str:
+    """Path of redis-server; fails the test (or skips with HYBRIDKV_SKIP_REDIS=1) without it."""
     exe = shutil.which("redis-server")
     if exe is None:
         if os.environ.get("HYBRIDKV_SKIP_REDIS") == "1":
             pytest.skip("redis-server not installed and HYBRIDKV_SKIP_REDIS=1")
         pytest.fail("redis-server is not installed (Debian: apt-get install redis-server); "
                     "set HYBRIDKV_SKIP_REDIS=1 to skip the tests that need it")
-    workdir = tmp_path_factory.mktemp("redis")
-    port = free_port()
-    log = open(workdir / "redis.log", "w")
+    return exe
+
+
+@contextlib.contextmanager
+def running_redis(workdir: Path, port: int | None = None):
+    """A redis-server on 127.0.0.1:`port` (free by default) until the block ends; its URL."""
+    exe = redis_server_exe()
+    port = free_port() if port is None else port
+    log = open(workdir / f"redis-{port}.log", "w")
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(workdir)],
                             stdout=log, stderr=subprocess.STDOUT)
@@ -65,3 +72,10 @@ def redis_server(tmp_path_factory):
             proc.kill()
             proc.wait(5)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """URL (`redis://127.0.0.1:PORT/0`) of a redis-server running for this session."""
+    with running_redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url

@@ -51,7 +51,8 @@ class Delta:
     stop_reason: int | str | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
-    error: str | None = None  # the request was refused (a ValueError message)
+    error: str | None = None  # the request was refused (a ValueError message) or failed
+    status: int = 400  # HTTP status of `error`: 400 refused, 500 engine failure
 
 
 @dataclass
@@ -127,6 +128,12 @@ class AsyncEngine:
         self.num_live += len(requests)
         self._commands.put(("add", requests, results))
         try:
+            for _ in requests:  # acceptances (or refusals) come first, one per request
+                delta = await self._first_reply(results)
+                if delta.error is not None:
+                    pending.pop(delta.index, None)
+                    self.num_live -= 1
+                yield delta
             while pending:
                 delta = await results.get()
                 if delta.error is not None or delta.finish_reason is not None:
@@ -137,6 +144,15 @@ class AsyncEngine:
             if pending:
                 self.num_live -= len(pending)
                 self._commands.put(("abort", list(pending.values())))
+
+    async def _first_reply(self, results: asyncio.Queue) -> Delta:
+        """The engine's answer to an add; EngineDead if the engine died before answering."""
+        while True:
+            try:
+                return await asyncio.wait_for(results.get(), 1.0)
+            except asyncio.TimeoutError:
+                if self.error is not None:
+                    raise EngineDead(f"the engine failed: {self.error!r}") from None
 
     # ---- the engine thread ---------------------------------------------------
 
@@ -161,7 +177,7 @@ class AsyncEngine:
         replies: list[tuple[asyncio.Queue, Delta]] = []
         while True:
             if command[0] == "stop":
-                self._abort([*self._live])
+                replies += self._abort([*self._live], notify=True)
                 self._deliver(replies)
                 return False
             if command[0] == "add":
@@ -189,12 +205,23 @@ class AsyncEngine:
             self._live[r.request_id] = _Live(seq, index, results)
             replies.append((results, Delta(index, [], num_prompt_tokens=len(r.prompt_token_ids))))
 
-    def _abort(self, request_ids: list[str]) -> None:
+    def _abort(self, request_ids: list[str], notify: bool = False
+               ) -> list[tuple[asyncio.Queue, Delta]]:
+        """Abort these requests; with `notify`, the finishing deltas for their readers."""
         now = time.perf_counter()
+        replies = []
         for rid in request_ids:
             live = self._live.pop(rid, None)
-            if self.llm.abort_request(rid) and live is not None and self.metrics is not None:
+            if not self.llm.abort_request(rid) or live is None:
+                continue
+            if self.metrics is not None:
                 self.metrics.record_finish("abort", now - live.seq.arrival_time)
+            if notify:
+                seq = live.seq
+                replies.append((live.queue, Delta(
+                    live.index, seq.request.output_token_ids[live.sent:], "abort", None,
+                    seq.request.num_prompt_tokens, max(seq.num_cached_tokens, 0))))
+        return replies
 
     def _collect_deltas(self) -> list[tuple[asyncio.Queue, Delta]]:
         """New tokens and finishes of every live sequence since the last step."""
@@ -240,9 +267,19 @@ class AsyncEngine:
             self._on_events(batch)
 
     def _fail_all(self, err: BaseException) -> None:
-        replies = [(live.queue, Delta(live.index, [], error=f"engine failed: {err!r}"))
+        """Answer every reader, present and queued, with the engine's failure."""
+        message = f"engine failed: {err!r}"
+        replies = [(live.queue, Delta(live.index, [], error=message, status=500))
                    for live in self._live.values()]
         self._live.clear()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if command[0] == "add":
+                replies += [(command[2], Delta(i, [], error=message, status=500))
+                            for i in range(len(command[1]))]
         with contextlib.suppress(RuntimeError):
             self._deliver(replies)
 

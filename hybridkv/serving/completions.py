@@ -161,6 +161,8 @@ class CompletionService:
     async def _accepted(deltas: AsyncIterator[Delta], count: int, chat: bool) -> None:
         for _ in range(count):
             delta = await anext(deltas)
+            if delta.error is not None and delta.status != 400:
+                raise APIError(delta.status, delta.error, code="engine_error")
             if delta.error is not None:
                 raise bad_request(delta.error, "messages" if chat else "prompt")
 

@@ -75,6 +75,8 @@ def from_validation_error(error: ValidationError | RequestValidationError) -> AP
     first = errors[0]
     if first.get("type") == "json_invalid":
         return bad_request(f"request body is not valid JSON: {first.get('msg')}", "body")
+    if first.get("type") == "model_type" and not first.get("loc"):
+        return bad_request("request body must be a JSON object")
     param = param_of(tuple(first.get("loc", ())))
     if param == "prompt" and len(errors) > 1:
         return bad_request("prompt must be a string, a list of token ids, or a list of "

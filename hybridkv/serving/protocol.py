@@ -60,10 +60,10 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
 
-    @field_validator("temperature", "top_p")
+    @field_validator("temperature", "top_p", mode="before")
     @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
+    def _finite(cls, value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
 
