@@ -39,6 +39,7 @@ class EngineRequest:
     params: SamplingParams
     cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
+    stream: bool = True  # False: one delta at the finish (no wake-up per token)
 
 
 @dataclass
@@ -62,7 +63,9 @@ class _Live:
     seq: SeqState
     index: int
     queue: asyncio.Queue
-    sent: int = 0
+    stream: bool
+    sent: int = 0  # output tokens seen (metrics)
+    delivered: int = 0  # output tokens handed to the reader
     last_token_time: float | None = None
 
 
@@ -202,7 +205,7 @@ class AsyncEngine:
             except ValueError as err:
                 replies.append((results, Delta(index, [], error=str(err))))
                 continue
-            self._live[r.request_id] = _Live(seq, index, results)
+            self._live[r.request_id] = _Live(seq, index, results, r.stream)
             replies.append((results, Delta(index, [], num_prompt_tokens=len(r.prompt_token_ids))))
 
     def _abort(self, request_ids: list[str], notify: bool = False
@@ -219,7 +222,7 @@ class AsyncEngine:
             if notify:
                 seq = live.seq
                 replies.append((live.queue, Delta(
-                    live.index, seq.request.output_token_ids[live.sent:], "abort", None,
+                    live.index, seq.request.output_token_ids[live.delivered:], "abort", None,
                     seq.request.num_prompt_tokens, max(seq.num_cached_tokens, 0))))
         return replies
 
@@ -232,9 +235,12 @@ class AsyncEngine:
             n = seq.num_output_tokens
             if n == live.sent and seq.finish_reason is None:
                 continue
-            new = seq.request.all_token_ids[seq.request.num_prompt_tokens + live.sent:]
-            self._record_tokens(live, len(new), now)
-            live.sent = n
+            self._record_tokens(live, n - live.sent, now)
+            if not live.stream and seq.finish_reason is None:
+                live.sent = n  # counted; the tokens go out with the finish
+                continue
+            new = seq.request.all_token_ids[seq.request.num_prompt_tokens + live.delivered:]
+            live.sent = live.delivered = n
             out.append((live.queue, Delta(live.index, new, seq.finish_reason, seq.stop_reason,
                                           seq.request.num_prompt_tokens,
                                           max(seq.num_cached_tokens, 0))))

@@ -126,7 +126,7 @@ class CompletionService:
                     ignore_eos=body.ignore_eos, top_p=body.top_p, top_k=body.top_k, stop=stop,
                     stop_token_ids=tuple(body.stop_token_ids or ()))
                 requests.append(EngineRequest(f"{job_id}-{i}-{j}", ids, params,
-                                              body.cache_salt, arrival))
+                                              body.cache_salt, arrival, body.stream))
         return _Job(chat, body, prompts, requests, job_id)
 
     # ---- running -------------------------------------------------------------

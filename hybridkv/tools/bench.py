@@ -15,6 +15,7 @@ SCRIPTS = {
     "pressure": "bench_pressure.py",
     "soak": "soak.py",
     "mamba_state": "bench_mamba_state.py",
+    "serving": "bench_serving.py",
 }
 
 

@@ -1,9 +1,10 @@
 """Session-scoped servers (one per model, started on first use) and reference engines."""
 
 import pytest
-from serving_helpers import ServerProcess, save_checkpoint_with_tokenizer
+from serving_helpers import ServerProcess
 
 from hybridkv import LLM
+from hybridkv.testing.tokenizer_checkpoint import save_checkpoint_with_tokenizer
 
 API_KEY = "test-key"
 

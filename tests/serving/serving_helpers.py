@@ -1,11 +1,9 @@
 """Real `hybridkv serve` processes on 127.0.0.1 for the serving tests."""
 
-import codecs
 import os
 import signal
 import subprocess
 import sys
-import this
 import time
 from pathlib import Path
 
@@ -106,36 +104,3 @@ class ServerProcess:
                 self.proc.wait(10)
         self._log.close()
         return self.proc.returncode
-
-
-def sample_text() -> str:
-    """English text shipped with Python (the Zen of Python), for training a tokenizer."""
-    return codecs.decode(this.s, "rot13")
-
-
-def save_checkpoint_with_tokenizer(path: Path, preset: str = "gemma3-tiny") -> Path:
-    """A checkpoint directory: a preset's weights plus a small byte-level BPE tokenizer
-    (trained here with `tokenizers`, vocabulary within the preset's 512) and a chat
-    template. Ids 0/1/2 are <pad>/<s>/</s>, as in the presets' configs."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from hybridkv.models.presets import build_preset_model
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=480, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator([sample_text()] * 4, trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A",
-                                                       special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")
-    fast.chat_template = (
-        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n"
-        "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
-    build_preset_model(preset, seed=0).save_pretrained(path)
-    fast.save_pretrained(path)
-    return path
