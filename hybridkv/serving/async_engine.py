@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,7 +117,7 @@ class AsyncEngine:
 
     # ---- requests (event loop) -----------------------------------------------
 
-    async def generate(self, requests: list[EngineRequest]) -> AsyncIterator[Delta]:
+    async def generate(self, requests: list[EngineRequest]) -> AsyncGenerator[Delta, None]:
         """Deltas of all `requests` (tagged by their index) until each finishes.
 
         The first delta of every request is an empty acceptance (or one with

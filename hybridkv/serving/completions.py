@@ -15,7 +15,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,7 +158,7 @@ class CompletionService:
             raise APIError(503, "the engine is not running", code="engine_unavailable")
 
     @staticmethod
-    async def _accepted(deltas: AsyncIterator[Delta], count: int, chat: bool) -> None:
+    async def _accepted(deltas: AsyncGenerator[Delta, None], count: int, chat: bool) -> None:
         for _ in range(count):
             delta = await anext(deltas)
             if delta.error is not None and delta.status != 400:
@@ -167,9 +167,9 @@ class CompletionService:
                 raise bad_request(delta.error, "messages" if chat else "prompt")
 
     @staticmethod
-    async def _collect(deltas: AsyncIterator[Delta], count: int) -> list[_Choice]:
+    async def _collect(deltas: AsyncGenerator[Delta, None], count: int) -> list[_Choice]:
         choices = [_Choice() for _ in range(count)]
-        async with contextlib.aclosing(deltas):  # type: ignore[type-var]
+        async with contextlib.aclosing(deltas):
             async for delta in deltas:
                 _apply(choices[delta.index], delta)
         return choices
@@ -206,11 +206,12 @@ class CompletionService:
 
     # ---- streaming -----------------------------------------------------------
 
-    async def _stream(self, job: _Job, deltas: AsyncIterator[Delta]) -> AsyncIterator[str]:
+    async def _stream(self, job: _Job, deltas: AsyncGenerator[Delta, None]
+                      ) -> AsyncIterator[str]:
         choices = [_Choice() for _ in job.requests]
         texts = [IncrementalText(self.prompts.tokenizer, job.requests[0].params.stop)
                  for _ in job.requests] if self.prompts.tokenizer is not None else []
-        async with contextlib.aclosing(deltas):  # type: ignore[type-var]
+        async with contextlib.aclosing(deltas):
             if job.chat:
                 yield self._chat_chunk(job, [ChatChunkChoice(
                     index=i, delta=DeltaMessage(role="assistant", content=""))

@@ -141,7 +141,8 @@ class EventPublisher:
     def _send(self, batches: list[list[BlockEvent]]) -> bool:
         """XADD every batch in one round trip; False (after a warning) when Redis fails."""
         if self._reset_next_send:
-            batches = [[AllBlocksCleared()]] + batches
+            reset: list[BlockEvent] = [AllBlocksCleared()]
+            batches = [reset, *batches]
         try:
             if not self._connected:
                 self._redis.set(self.key, self.layout_json)
