@@ -1,18 +1,20 @@
 """From request bodies to token ids, checked against the model's limits.
 
 Text goes through `tokenizer.encode`; chat messages through
-`tokenizer.apply_chat_template(messages, tokenize=False,
-add_generation_prompt=True)` and then `encode(..., add_special_tokens=False)`
-(the template writes the special tokens itself). Without a tokenizer only
+`hybridkv.engine.chat.render_chat` (the tokenizer's chat template with
+`add_generation_prompt=True`, then `encode(..., add_special_tokens=False)`),
+exactly as `LLM.chat` renders them. Without a tokenizer only
 token-id prompts work; text and chat are refused naming `prompt` /
 `messages`. Every problem is an `APIError` naming the field.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
+from hybridkv.engine.chat import render_chat
 from hybridkv.serving.errors import APIError, bad_request
 from hybridkv.serving.protocol import MAX_PROMPTS, ChatMessage
 
@@ -58,18 +60,15 @@ class PromptBuilder:
         return ids
 
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """Token ids of chat `messages` rendered with the model's chat template."""
-        tokenizer = self._require_tokenizer("messages")
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise bad_request("messages: this model's tokenizer has no chat template; use "
-                              "/v1/completions", "messages")
+        """Token ids of chat `messages`, rendered as `LLM.chat` renders them
+        (`hybridkv.engine.chat.render_chat`: the tokenizer's chat template, then
+        encoded without added special tokens)."""
+        self._require_tokenizer("messages")
         try:
-            text = tokenizer.apply_chat_template([m.to_template() for m in messages],
-                                                 tokenize=False, add_generation_prompt=True)
-        except Exception as err:  # template errors (raise_exception in the template, ...)
-            raise bad_request(f"messages: the chat template refused them: {err}",
-                              "messages") from err
-        ids = list(tokenizer.encode(text, add_special_tokens=False))
+            ids = render_chat(self.tokenizer, [m.to_template() for m in messages])
+        except ValueError as err:
+            found = re.search(r"messages\[\d+\](\.\w+)?", str(err))
+            raise bad_request(str(err), found.group(0) if found else "messages") from None
         if not ids:
             raise bad_request("messages render to an empty prompt", "messages")
         return ids

@@ -117,20 +117,18 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One chat turn; extra keys (`tool_calls`, ...) go to the chat template unchanged."""
+    """One chat turn. The role is checked where chat is rendered
+    (`hybridkv.engine.chat`: system, user, assistant); other keys are ignored."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
 
     def to_template(self) -> dict[str, Any]:
-        """The message as a chat template reads it (text parts joined)."""
-        out = self.model_dump(exclude_none=True)
-        if isinstance(self.content, list):
-            out["content"] = "".join(part.text for part in self.content)
-        return out
+        """The message as `hybridkv.engine.chat.render_chat` takes it."""
+        return self.model_dump(include={"role", "content"}, exclude_none=True)
 
 
 class ChatCompletionRequest(SamplingFields):
