@@ -6,6 +6,7 @@ import torch
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.engine.sampling import Sampler, _top_k_top_p, find_stop_string
+from hybridkv.models.presets import build_preset_model
 
 PROMPTS = [[5, 9, 14, 3, 77, 120], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
 
@@ -80,9 +81,27 @@ def test_stop_token_ids_end_generation(llm):
     assert out.finish_reason == "stop" and out.stop_reason == stop
 
 
-def test_stop_strings_need_a_tokenizer(llm):
+def test_stop_strings_need_a_tokenizer():
+    bare = LLM(build_preset_model("gemma3-tiny", seed=0), num_blocks=16, block_size=8)
+    assert bare.tokenizer is None
     with pytest.raises(ValueError, match="stop strings"):
-        llm.generate(PROMPTS[:1], SamplingParams(stop=["x"]))
+        bare.generate(PROMPTS[:1], SamplingParams(stop=["x"]))
+
+
+def test_stop_string_cuts_text_and_tokens(llm):
+    full = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=24, ignore_eos=True))[0]
+    text = full.text
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    out = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=24, ignore_eos=True,
+                                                   stop=[stop]))[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == text[:text.find(stop)]
+    # generation ends at the first token whose text completes the stop string
+    n = len(out.output_token_ids)
+    assert out.output_token_ids == full.output_token_ids[:n]
+    decode = llm.tokenizer.decode
+    assert stop in decode(full.output_token_ids[:n], skip_special_tokens=True)
+    assert stop not in decode(full.output_token_ids[:n - 1], skip_special_tokens=True)
 
 
 def test_add_step_abort_frees_every_block(llm):

@@ -47,3 +47,25 @@ def test_repeated_prompt_is_served_from_cache_with_the_same_tokens(model, fixtur
     assert outs[0].choices[0].model_extra["token_ids"] == \
         outs[1].choices[0].model_extra["token_ids"]
     assert server.wait_idle()["hybridkv_kv_cache_blocks_held"] == 0
+
+
+@pytest.mark.parametrize("model, fixture", [("gemma3-tiny", "gemma_server"), *CASES])
+def test_preset_text_and_chat_equal_generate_and_chat(model, fixture, request, reference):
+    server = request.getfixturevalue(fixture)
+    llm = reference(model)
+    assert llm.tokenizer is not None, "every preset ships a tokenizer"
+    client = server.client()
+    prompt = "The cache keeps what the window still needs."
+    want = llm.generate([prompt], SamplingParams(max_tokens=10))[0]
+    out = client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=0,
+                                    extra_body={"return_token_ids": True})
+    assert out.choices[0].model_extra["token_ids"] == want.output_token_ids
+    assert out.choices[0].text == want.text
+    messages = [{"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": "Which layers slide?"}]
+    want = llm.chat(messages, SamplingParams(max_tokens=10))[0]
+    out = client.chat.completions.create(model=model, messages=messages, max_tokens=10,
+                                         temperature=0, extra_body={"return_token_ids": True})
+    assert out.choices[0].model_extra["token_ids"] == want.output_token_ids
+    assert out.choices[0].message.content == want.text
+    assert out.usage.prompt_tokens == len(want.prompt_token_ids)
