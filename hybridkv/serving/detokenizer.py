@@ -1,11 +1,12 @@
 """Output text of one choice, built as tokens arrive.
 
 The text is always `tokenizer.decode(all output ids, skip_special_tokens=True)`
-cut before the stop string that ended the request, so streamed pieces join
-to exactly the non-streamed text. While a request runs, the pieces hold back
-an incomplete UTF-8 character (decoded as U+FFFD) and the last
-`len(longest stop string) - 1` characters, which a stop string may still
-claim.
+cut before the stop string that ended the request. While a request runs,
+the pieces hold back an incomplete UTF-8 character (decoded as U+FFFD) and
+the last `len(longest stop string) - 1` characters, which a stop string may
+still claim (the engine stops as soon as one is complete), so for tokenizers
+whose decoding only appends as tokens arrive (byte-level BPE) the streamed
+pieces join to exactly the non-streamed text.
 """
 
 from __future__ import annotations
