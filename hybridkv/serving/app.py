@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
-from hybridkv.serving.async_engine import AsyncEngine
+from hybridkv.serving.async_engine import AsyncEngine, EngineDead
 from hybridkv.serving.completions import CompletionService
 from hybridkv.serving.errors import APIError, from_validation_error, install_error_handlers
 from hybridkv.serving.metrics import ServerMetrics
@@ -86,6 +86,11 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="hybridkv", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     install_error_handlers(app)
+
+    @app.exception_handler(EngineDead)
+    async def _engine_dead(_: Request, exc: EngineDead) -> Response:
+        return APIError(503, str(exc), code="engine_unavailable").response()
+
     state.created = int(time.time())
     app.include_router(_open_routes(state))
     app.include_router(_api_routes(state), dependencies=[Depends(_auth(state.api_key))])

@@ -120,9 +120,11 @@ class AsyncEngine:
     async def generate(self, requests: list[EngineRequest]) -> AsyncGenerator[Delta, None]:
         """Deltas of all `requests` (tagged by their index) until each finishes.
 
-        The first delta of every request is an empty acceptance (or one with
-        `error` set: the engine refused it, and the others are aborted).
-        Leaving the iteration early aborts the unfinished requests.
+        A streamed request (`stream=True`) first gets an empty acceptance
+        delta, then one delta per step that sampled for it; a plain one gets
+        a single delta at its finish. A request the engine refuses gets one
+        delta with `error` set instead. Leaving the iteration early aborts
+        the unfinished requests.
         """
         if not self.is_running:
             raise EngineDead(f"the engine is not running ({self.error!r})")
@@ -131,12 +133,8 @@ class AsyncEngine:
         self.num_live += len(requests)
         self._commands.put(("add", requests, results))
         try:
-            for _ in requests:  # acceptances (or refusals) come first, one per request
-                delta = await self._first_reply(results)
-                if delta.error is not None:
-                    pending.pop(delta.index, None)
-                    self.num_live -= 1
-                yield delta
+            if self.error is not None:  # died before it could see the command
+                raise EngineDead(f"the engine failed: {self.error!r}")
             while pending:
                 delta = await results.get()
                 if delta.error is not None or delta.finish_reason is not None:
@@ -148,15 +146,6 @@ class AsyncEngine:
                 self.num_live -= len(pending)
                 self._commands.put(("abort", list(pending.values())))
 
-    async def _first_reply(self, results: asyncio.Queue) -> Delta:
-        """The engine's answer to an add; EngineDead if the engine died before answering."""
-        while True:
-            try:
-                return await asyncio.wait_for(results.get(), 1.0)
-            except asyncio.TimeoutError:
-                if self.error is not None:
-                    raise EngineDead(f"the engine failed: {self.error!r}") from None
-
     # ---- the engine thread ---------------------------------------------------
 
     def _run(self) -> None:
@@ -167,7 +156,7 @@ class AsyncEngine:
                     self._deliver(self._collect_deltas())
                 self._after_step()
         except BaseException as err:  # noqa: BLE001 - reported to every reader, then logged
-            self.error = err
+            self.error = err  # set before the queue is drained (see generate)
             logger.exception("engine loop failed: %s", err)
             self._fail_all(err)
 
@@ -206,7 +195,9 @@ class AsyncEngine:
                 replies.append((results, Delta(index, [], error=str(err))))
                 continue
             self._live[r.request_id] = _Live(seq, index, results, r.stream)
-            replies.append((results, Delta(index, [], num_prompt_tokens=len(r.prompt_token_ids))))
+            if r.stream:
+                replies.append((results, Delta(index, [],
+                                               num_prompt_tokens=len(r.prompt_token_ids))))
 
     def _abort(self, request_ids: list[str], notify: bool = False
                ) -> list[tuple[asyncio.Queue, Delta]]:

@@ -134,15 +134,16 @@ class CompletionService:
     async def _run(self, job: _Job, request: Request) -> Response:
         self._admit(len(job.requests))
         deltas = self.engine.generate(job.requests)
-        try:
-            await self._accepted(deltas, len(job.requests), job.chat)
-        except BaseException:
-            await deltas.aclose()
-            raise
         if job.body.stream:
+            try:  # refusals are a 400 before the stream starts
+                await self._accepted(deltas, len(job.requests), job.chat)
+            except BaseException:
+                await deltas.aclose()
+                raise
             return StreamingResponse(self._stream(job, deltas), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        choices = await _until_disconnect(request, self._collect(deltas, len(job.requests)))
+        choices = await _until_disconnect(request, self._collect(deltas, len(job.requests),
+                                                                 job.chat))
         if choices is None:  # the client left; nobody reads this
             return Response(status_code=499)
         return JSONResponse(self._response(job, choices).model_dump(mode="json"))
@@ -160,18 +161,15 @@ class CompletionService:
     @staticmethod
     async def _accepted(deltas: AsyncGenerator[Delta, None], count: int, chat: bool) -> None:
         for _ in range(count):
-            delta = await anext(deltas)
-            if delta.error is not None and delta.status != 400:
-                raise APIError(delta.status, delta.error, code="engine_error")
-            if delta.error is not None:
-                raise bad_request(delta.error, "messages" if chat else "prompt")
+            _check(await anext(deltas), chat)
 
     @staticmethod
-    async def _collect(deltas: AsyncGenerator[Delta, None], count: int) -> list[_Choice]:
+    async def _collect(deltas: AsyncGenerator[Delta, None], count: int,
+                       chat: bool) -> list[_Choice]:
         choices = [_Choice() for _ in range(count)]
         async with contextlib.aclosing(deltas):
             async for delta in deltas:
-                _apply(choices[delta.index], delta)
+                _apply(choices[delta.index], _check(delta, chat))
         return choices
 
     def _response(self, job: _Job, choices: list[_Choice]) -> Any:
@@ -218,7 +216,7 @@ class CompletionService:
                     for i in range(len(choices))])
             try:
                 async for delta in deltas:
-                    _apply(choices[delta.index], delta)
+                    _apply(choices[delta.index], _check(delta, job.chat))
                     text = texts[delta.index].push(delta.token_ids,
                                                    delta.finish_reason is not None,
                                                    delta.stop_reason) if texts else ""
@@ -263,9 +261,16 @@ class CompletionService:
         return f"data: {body.model_dump_json()}\n\n"
 
 
+def _check(delta: Delta, chat: bool) -> Delta:
+    """`delta`, or the APIError it carries (a refusal names the prompt field)."""
+    if delta.error is None:
+        return delta
+    if delta.status == 400:
+        raise bad_request(delta.error, "messages" if chat else "prompt")
+    raise APIError(delta.status, delta.error, code="engine_error")
+
+
 def _apply(choice: _Choice, delta: Delta) -> None:
-    if delta.error is not None:
-        raise APIError(500, f"the engine failed: {delta.error}", code="engine_error")
     choice.token_ids.extend(delta.token_ids)
     if delta.finish_reason is not None:
         choice.finish_reason = delta.finish_reason

@@ -8,7 +8,7 @@ import pytest
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.models.presets import build_preset_model
-from hybridkv.serving.async_engine import AsyncEngine, EngineRequest
+from hybridkv.serving.async_engine import AsyncEngine, EngineDead, EngineRequest
 from hybridkv.serving.detokenizer import IncrementalText, final_text
 from hybridkv.serving.errors import APIError, param_of
 from hybridkv.serving.layout import kv_cache_layout
@@ -138,3 +138,24 @@ def test_engine_front_refuses_what_the_pool_cannot_hold():
     first = asyncio.run(run())
     assert first.error is not None and "pool" in first.error and first.status == 400
     assert engine.num_live == 0
+
+
+def test_an_engine_failure_reaches_every_reader_and_later_requests(monkeypatch):
+    broken = LLM(build_preset_model("gemma3-tiny", seed=0), num_blocks=64, block_size=16)
+    monkeypatch.setattr(broken, "step", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    engine = AsyncEngine(broken)
+
+    async def run():
+        engine.start()
+        deltas = engine.generate([EngineRequest("a", [5, 6, 7], SamplingParams(), stream=False)])
+        failed = await anext(deltas)
+        await deltas.aclose()
+        with pytest.raises(EngineDead):
+            async for _ in engine.generate([EngineRequest("b", [5], SamplingParams())]):
+                pass
+        await engine.stop()
+        return failed
+
+    failed = asyncio.run(run())
+    assert failed.status == 500 and "boom" in failed.error
+    assert not engine.is_running and engine.num_live == 0
