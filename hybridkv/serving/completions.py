@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from hybridkv.engine.sampling import SamplingParams
 from hybridkv.serving.async_engine import AsyncEngine, Delta, EngineRequest
@@ -116,15 +117,14 @@ class CompletionService:
         stop = self.prompts.check_stop(body.stop)
         if body.stop_token_ids:
             self.prompts.check_token_ids(body.stop_token_ids, "stop_token_ids")
+        if len(prompts) * body.n > self.max_live:
+            raise bad_request(f"n: {len(prompts)} prompts x n={body.n} sequences are more than "
+                              f"this server ever runs or queues at once ({self.max_live})", "n")
         job_id = f"{kind}-{uuid.uuid4().hex}"
         requests = []
         for i, (ids, limit) in enumerate(zip(prompts, limits)):
             for j in range(body.n):
-                seed = None if body.seed is None else body.seed + j
-                params = SamplingParams(
-                    max_tokens=limit, temperature=body.temperature, seed=seed,
-                    ignore_eos=body.ignore_eos, top_p=body.top_p, top_k=body.top_k, stop=stop,
-                    stop_token_ids=tuple(body.stop_token_ids or ()))
+                params = _sampling_params(body, limit, stop, j)
                 requests.append(EngineRequest(f"{job_id}-{i}-{j}", ids, params,
                                               body.cache_salt, arrival, body.stream))
         return _Job(chat, body, prompts, requests, job_id)
@@ -146,7 +146,8 @@ class CompletionService:
                                                                  job.chat))
         if choices is None:  # the client left; nobody reads this
             return Response(status_code=499)
-        return JSONResponse(self._response(job, choices).model_dump(mode="json"))
+        return Response(self._response(job, choices).model_dump_json(),
+                        media_type="application/json")
 
     def _admit(self, num_sequences: int) -> None:
         if self.engine.num_live + num_sequences > self.max_live:
@@ -259,6 +260,20 @@ class CompletionService:
             body = CompletionResponse(id=job.id, created=job.created, model=self.model_name,
                                       choices=[], usage=usage)
         return f"data: {body.model_dump_json()}\n\n"
+
+
+def _sampling_params(body: SamplingFields, max_tokens: int, stop: tuple[str, ...],
+                     sample: int) -> SamplingParams:
+    """The engine's parameters of sample `sample` (seed + sample); 400 naming the field."""
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=body.temperature,
+            seed=None if body.seed is None else body.seed + sample,
+            ignore_eos=body.ignore_eos, top_p=body.top_p, top_k=body.top_k, stop=stop,
+            stop_token_ids=tuple(body.stop_token_ids or ()))
+    except ValueError as err:
+        found = re.search(r"SamplingParams\.(\w+)", str(err))
+        raise bad_request(str(err), found.group(1) if found else None) from None
 
 
 def _check(delta: Delta, chat: bool) -> Delta:

@@ -53,10 +53,11 @@ class PromptBuilder:
     def check_token_ids(self, ids: list[int], param: str) -> list[int]:
         if not ids:
             raise bad_request(f"{param} must not be empty", param)
-        for i, token in enumerate(ids):
-            if not 0 <= token < self.vocab_size:
-                raise bad_request(f"{param}[{i}]: token id {token} is outside the vocabulary "
-                                  f"[0, {self.vocab_size})", param)
+        if min(ids) < 0 or max(ids) >= self.vocab_size:  # C loops; the Python one names it
+            i, token = next((i, t) for i, t in enumerate(ids)
+                            if not 0 <= t < self.vocab_size)
+            raise bad_request(f"{param}[{i}]: token id {token} is outside the vocabulary "
+                              f"[0, {self.vocab_size})", param)
         return ids
 
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
