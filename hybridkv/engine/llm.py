@@ -13,7 +13,13 @@ import torch
 
 from hybridkv.engine.chat import render_conversations
 from hybridkv.engine.executor import ModelExecutor
-from hybridkv.engine.sampling import RequestMetrics, RequestOutput, Sampler, SamplingParams
+from hybridkv.engine.sampling import (
+    RequestMetrics,
+    RequestOutput,
+    Sampler,
+    SamplingParams,
+    find_stop_string,
+)
 from hybridkv.engine.scheduler import ScheduledSeq, Scheduler, SeqState
 from hybridkv.engine.tokenizer import load_tokenizer
 from hybridkv.kv_cache.checks import check_int
@@ -173,9 +179,19 @@ class LLM:
         return finished
 
     def _stop_reason(self, seq: SeqState, token: int) -> str | None:
-        if not seq.params.ignore_eos and token in self.runner.eos_token_ids:
+        params = seq.params
+        if not params.ignore_eos and token in self.runner.eos_token_ids:
             return "stop"
-        if seq.num_output_tokens >= seq.params.max_tokens:
+        if token in params.stop_token_ids:
+            seq.stop_reason = token
+            return "stop"
+        if params.stop and self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.request.output_token_ids, skip_special_tokens=True)
+            found = find_stop_string(text, params.stop)
+            if found is not None:
+                seq.stop_reason = found[1]
+                return "stop"
+        if seq.num_output_tokens >= params.max_tokens:
             return "length"
         if seq.request.num_tokens >= self.runner.max_model_len:
             return "length"
@@ -184,13 +200,53 @@ class LLM:
     def _output(self, seq: SeqState) -> RequestOutput:
         req = seq.request
         out = RequestOutput(req.request_id, req.prompt_token_ids, req.output_token_ids,
-                            max(seq.num_cached_tokens, 0), seq.finish_reason)
+                            max(seq.num_cached_tokens, 0), seq.finish_reason,
+                            stop_reason=seq.stop_reason)
         if seq.first_token_time is not None and seq.finished_time is not None:
             out.metrics = RequestMetrics(seq.arrival_time, seq.first_token_time,
                                          seq.finished_time)
         if self.tokenizer is not None:
             out.text = self.tokenizer.decode(out.output_token_ids, skip_special_tokens=True)
+            if isinstance(seq.stop_reason, str):  # the text ends before the stop string
+                out.text = out.text[:out.text.find(seq.stop_reason)]
         return out
+
+    # ---- one request at a time (serving) --------------------------------------
+
+    def add_request(self, prompt: Sequence[int] | str | Mapping[str, Any],
+                    params: SamplingParams | None = None, *, request_id: str | None = None,
+                    arrival_time: float | None = None) -> SeqState:
+        """Queue one prompt (as `generate` takes it) for the next `step()` calls.
+
+        Validated like `generate` (ValueError, nothing queued). `params.n`
+        must be 1 (add one request per sample). Returns the request's live
+        state: `request.output_token_ids` grow as `step()` samples,
+        `finish_reason` is set when it ends. `request_id` defaults to a fresh one.
+        """
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams) or params.n != 1:
+            raise ValueError(f"add_request takes one SamplingParams with n=1, got {params!r}")
+        ids, keys = self._prompt_parts(0, prompt)
+        self._check_fits(0, ids, params)
+        rid = f"req-{self._counter + 1}" if request_id is None else request_id
+        request = self._request(0, rid, ids, keys)
+        self._counter += 1
+        seq = SeqState(request, params, self._counter)
+        seq.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        self.scheduler.add(seq)
+        return seq
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a queued or running request and free its blocks; False if not found."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        seq.finished_time = time.perf_counter()
+        self.sampler.forget(request_id)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
 
     # ---- validation ----------------------------------------------------------
 
@@ -200,12 +256,19 @@ class LLM:
             raise ValueError("prompts must be a non-empty list of token-id lists or strings")
         per_prompt = _per_prompt_params(params, len(prompts))
         parts = [self._prompt_parts(i, prompt) for i, prompt in enumerate(prompts)]
-        requests = [self._request(i, self._counter + 1 + i, ids, keys)
-                    for i, (ids, keys) in enumerate(parts)]
-        for i, (req, p) in enumerate(zip(requests, per_prompt)):
-            self._check_fits(i, req.all_token_ids, p)
-        self._counter += len(requests)
-        return [SeqState(req, p, i) for i, (req, p) in enumerate(zip(requests, per_prompt))]
+        for i, ((ids, _), p) in enumerate(zip(parts, per_prompt)):
+            self._check_fits(i, ids, p)
+        seqs: list[SeqState] = []
+        number = self._counter
+        for i, ((ids, keys), p) in enumerate(zip(parts, per_prompt)):
+            for sample in range(p.n):  # sample k of a seeded prompt uses seed + k
+                number += 1
+                sample_params = p if sample == 0 or p.seed is None else \
+                    dataclasses.replace(p, seed=p.seed + sample)
+                request = self._request(i, f"req-{number}", ids, keys)
+                seqs.append(SeqState(request, sample_params, len(seqs)))
+        self._counter = number
+        return seqs
 
     def _prompt_parts(self, i: int, prompt: Any) -> tuple[list[int], dict[str, Any]]:
         """Token ids of prompt `i` and the cache keys a dict prompt carries."""
@@ -234,14 +297,17 @@ class LLM:
             raise ValueError(f"prompt {i} is empty or not a list of token ids")
         return list(prompt)  # the ids are checked by Request, against the vocabulary
 
-    def _request(self, i: int, number: int, ids: list[int], keys: dict[str, Any]) -> Request:
-        """Request `req-<number>` of prompt `i`; its checks' errors name the prompt."""
+    def _request(self, i: int, request_id: str, ids: list[int], keys: dict[str, Any]) -> Request:
+        """Request `request_id` of prompt `i`; its checks' errors name the prompt."""
         try:
-            return Request(f"req-{number}", ids, vocab_size=self.runner.vocab_size, **keys)
+            return Request(request_id, ids, vocab_size=self.runner.vocab_size, **keys)
         except ValueError as error:
             raise ValueError(f"prompt {i}: {error}") from None
 
     def _check_fits(self, i: int, ids: list[int], params: SamplingParams) -> None:
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"prompt {i}: stop strings {list(params.stop)} need a tokenizer, "
+                             f"which this model lacks; use stop_token_ids")
         limit = self.runner.max_model_len
         if len(ids) >= limit:
             raise ValueError(f"prompt {i} has {len(ids)} tokens; the model's context is "

@@ -27,6 +27,7 @@ class SeqState:
     index: int  # position in the generate() call
     num_cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     num_preemptions: int = 0
     # time.perf_counter() at the generate() call, the first sampled token, the finish
     arrival_time: float = 0.0
@@ -154,3 +155,14 @@ class Scheduler:
         seq.finish_reason = reason
         self.running.remove(seq)
         self.kv.free(seq.request)
+
+    def abort(self, request_id: str) -> SeqState | None:
+        """Drop a waiting or running request, freeing its blocks; None if unknown."""
+        for queue in (self.waiting, self.running):
+            for seq in queue:
+                if seq.request_id == request_id:
+                    queue.remove(seq)
+                    seq.finish_reason = "abort"
+                    self.kv.free(seq.request)
+                    return seq
+        return None

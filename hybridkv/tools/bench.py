@@ -31,6 +31,7 @@ SCRIPTS = {
     "pressure_seeds": Script("bench_pressure_seeds.py", "pressure hit rates over trace seeds"),
     "mamba_state": Script("bench_mamba_state.py", "Mamba state memory during a long decode"),
     "soak": Script("soak.py", "fuzzing soak of the manager state machine"),
+    "serving": Script("bench_serving.py", "HTTP server: overhead, TTFT hit/suffix, load sweep"),
 }
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,4 +1,4 @@
-"""The `hybridkv` command line: demo, simulate, bench, and `--version`.
+"""The `hybridkv` command line: demo, simulate, bench, serve, and `--version`.
 
 Each subcommand is one entry of `COMMANDS`: its help line, a function adding
 its arguments and a function running it (returns the exit code). Adding a
@@ -135,6 +135,20 @@ def _run_bench(args: argparse.Namespace) -> int:
     return run_bench(args.name, args.args)
 
 
+# ---- serve ------------------------------------------------------------------
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    from hybridkv.serving.options import add_serve_arguments
+
+    add_serve_arguments(p)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from hybridkv.serving.server import run_server
+
+    return run_server(args)
+
+
 @dataclass(frozen=True)
 class Command:
     help: str
@@ -150,6 +164,7 @@ COMMANDS: dict[str, Command] = {
     "bench": Command("run a benchmark script of a source checkout", _bench_args, _run_bench,
                      "Runs benchmarks/NAME's script; results go to --out DIR, never over "
                      "the committed figures in benchmarks/results unless asked."),
+    "serve": Command("serve a model over the OpenAI HTTP API", _serve_args, _run_serve),
 }
 
 
@@ -161,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_arguments(sub.add_parser(name, help=command.help,
                                              description=command.description or command.help))
     return parser
+
+
+def _add_serve(sub) -> None:
+    """`hybridkv serve MODEL`: the OpenAI-compatible server (hybridkv.serving)."""
+    from hybridkv.serving.options import add_serve_arguments
+
+    serve = sub.add_parser("serve", help="serve a model over the OpenAI HTTP API")
+    add_serve_arguments(serve)
 
 
 def main(argv: list[str] | None = None) -> int:

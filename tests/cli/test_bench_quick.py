@@ -23,7 +23,7 @@ from hybridkv.tools.bench import SCRIPTS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 # the JSON file each benchmark writes
-OUTPUT = {"engine": "engine_gemma3-tiny.json"}
+OUTPUT = {"engine": "engine_gemma3-tiny.json", "serving": "serving_gemma3-tiny.json"}
 
 
 def git_status() -> str | None:

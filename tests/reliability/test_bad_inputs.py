@@ -348,7 +348,13 @@ ROWS = [
      r"corrupt checkpoint in .*garbage_weights"),
     # the command line
     ("cli: no command", lambda w: cli(), CliError, r"required: command"),
-    ("cli: unknown command", lambda w: cli("serve"), CliError, r"invalid choice: 'serve'"),
+    ("cli: unknown command", lambda w: cli("fly"), CliError, r"invalid choice: 'fly'"),
+    ("cli: serve without a model", lambda w: cli("serve"), CliError, r"required: model"),
+    ("cli: serve with a bad port", lambda w: cli("serve", "gemma3-tiny", "--port", "-1"),
+     CliError, r"--port must be >= 0, got -1"),
+    ("cli: serve with a bad events URL", lambda w: cli("serve", "gemma3-tiny", "--events",
+                                                       "localhost:6379"), CliError,
+     r"--events 'localhost:6379' is not a Redis URL"),
     ("cli: simulate without args", lambda w: cli("simulate"), CliError, r"--model, --memory"),
     ("cli: memory not a size", lambda w: cli(*SIM[:4], "lots"), CliError, r"'lots'"),
     ("cli: negative memory", lambda w: cli(*SIM[:3], "--memory=-5GiB"), CliError, r"'-5GiB'"),
@@ -373,7 +379,7 @@ ROWS = [
     ("cli: unknown demo preset", lambda w: cli("demo", "--presets", "nope", "--no-progress"),
      CliError, r"'nope'"),
     ("cli: unknown option", lambda w: cli("demo", "--bogus"), CliError, r"--bogus"),
-    ("cli process: unknown command", lambda w: cli_process("serve"), CliError, r"'serve'"),
+    ("cli process: unknown command", lambda w: cli_process("fly"), CliError, r"'fly'"),
     ("cli process: unknown benchmark", lambda w: cli_process("bench", "nope"), CliError,
      r"unknown benchmark 'nope'"),
 ]
