@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the presets over three workloads, write plots")
     demo.add_argument("--out", default="hybridkv-demo-output", help="folder for the PNG plots")
     demo.add_argument("--presets", default="gemma3-tiny,jamba-tiny")
+    demo.add_argument("--repeats", type=int, default=5,
+                      help="timed runs per figure after a warm-up run (median reported)")
+    demo.add_argument("--threads", type=int, default=1, help="torch threads while measuring")
     demo.add_argument("--no-progress", action="store_true")
     sim = sub.add_parser("simulate", help="capacity planning: replay a trace through the manager")
     sim.add_argument("--model", required=True,
@@ -52,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             from hybridkv.tools.demo import run_demo
 
             presets = tuple(p for p in args.presets.split(",") if p)
-            return run_demo(args.out, presets, show_progress=not args.no_progress)
+            return run_demo(args.out, presets, show_progress=not args.no_progress,
+                            repeats=args.repeats, num_threads=args.threads)
         if args.command == "simulate":
             from hybridkv.tools.simulate import run_simulate
 
