@@ -13,7 +13,6 @@ the same measurements. How the figures are taken: `hybridkv.tools.demo_measure`.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 import warnings
 
@@ -27,6 +26,7 @@ from hybridkv.kv_cache.specs import (
     SlidingWindowSpec,
 )
 from hybridkv.models.presets import build_preset_model, get_preset
+from hybridkv.tools.cli import check_output_dir
 from hybridkv.tools.demo_measure import (
     Samples,
     TTFTPoint,
@@ -108,17 +108,6 @@ def _check_arguments(out_dir: str, presets: tuple[str, ...], prefix_lengths: tup
                                  for n in prefix_lengths):
         raise ValueError(f"prefix_lengths must be ints >= 1, got {prefix_lengths!r}")
     check_output_dir(out_dir)
-
-
-def check_output_dir(out_dir: str) -> None:
-    """Create `out_dir` if needed and make sure a file can be written in it."""
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as error:
-        raise ValueError(f"cannot write plots into {out_dir!r}: "
-                         f"{error.strerror or error}") from error
 
 
 def format_table(preset: str, results: list[WorkloadResult], ttft: TTFTPoint,

@@ -16,6 +16,7 @@ def write_plots(out_dir: str, sweeps: dict[str, list[TTFTPoint]],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    os.makedirs(out_dir, exist_ok=True)
     first = os.path.join(out_dir, "hit_rate_and_ttft.png")
     fig, ax = plt.subplots(1, 2, figsize=(11, 4.2))
     lengths: list[int] = []

@@ -112,7 +112,7 @@ def test_ttft_points_count_the_reuse(engines):
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--out", "/proc/no-such-dir"], "cannot write plots into '/proc/no-such-dir'"),
+    (["--out", "/proc/no-such-dir"], "--out /proc/no-such-dir: cannot write there"),
     (["--repeats", "0"], "repeats must be an int >= 1"),
     (["--threads", "0"], "num_threads must be an int >= 1"),
     (["--presets", "gemma3-tiny,nope"], "unknown preset 'nope'"),
@@ -123,10 +123,11 @@ def test_bad_demo_arguments_fail_before_running(args, match, capsys, monkeypatch
     assert match in capsys.readouterr().err
 
 
-def test_output_file_in_place_of_a_folder_is_refused(tmp_path):
+def test_run_demo_checks_its_folder_before_running(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
-    with pytest.raises(ValueError, match="cannot write plots"):
-        demo.check_output_dir(str(tmp_path / "file" / "plots"))
+    monkeypatch.setattr(demo, "make_engines", _never)
+    with pytest.raises(ValueError, match="cannot write there"):
+        demo.run_demo(str(tmp_path / "file" / "plots"), show_progress=False)
 
 
 def _never(*args, **kwargs):
