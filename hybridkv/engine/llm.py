@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from hybridkv.engine.chat import render_conversations
@@ -106,7 +107,8 @@ class LLM:
                  *, use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for every prompt; outputs in prompt order.
 
-        A prompt is a token-id list, a string (with a tokenizer), or a dict
+        A prompt is a token-id list (or a 1-D integer numpy array or torch
+        tensor), a string (with a tokenizer), or a dict
         `{"prompt_token_ids": [...] (or "prompt": text), "cache_salt": ...,
         "lora_name": ...}`. `cache_salt` (str or bytes) keys the prompt's
         first block, so only requests with the same salt share its cached KV
@@ -293,6 +295,7 @@ class LLM:
                 raise ValueError(f"prompt {i} is a string but this model has no tokenizer; "
                                  f"pass token ids")
             prompt = list(self.tokenizer.encode(prompt))
+        prompt = _array_to_list(i, prompt)
         if not isinstance(prompt, Sequence) or len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty or not a list of token ids")
         return list(prompt)  # the ids are checked by Request, against the vocabulary
@@ -343,6 +346,23 @@ def _check_device_memory(config: KVCacheConfig, device: str) -> None:
         raise ValueError(f"a pool of {config.num_blocks} blocks needs {config.total_bytes} "
                          f"bytes of KV cache, more than the {limit} bytes of memory on "
                          f"{device}; lower num_blocks or kv_cache_memory_bytes")
+
+
+def _array_to_list(i: int, prompt: Any) -> Any:
+    """A 1-D integer numpy array or torch tensor as a list of ints; other values as given.
+    ValueError naming prompt `i` for an array of another shape or dtype."""
+    if isinstance(prompt, torch.Tensor):
+        shape, dtype = tuple(prompt.shape), prompt.dtype
+        integer = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    elif isinstance(prompt, np.ndarray):
+        shape, dtype = prompt.shape, prompt.dtype
+        integer = np.issubdtype(dtype, np.integer)
+    else:
+        return prompt
+    if len(shape) != 1 or not integer:
+        raise ValueError(f"prompt {i}: an array prompt must be 1-D integer token ids, got "
+                         f"shape {shape} and dtype {dtype}")
+    return prompt.tolist()
 
 
 def _per_prompt_params(params: SamplingParams | Sequence[SamplingParams] | None,

@@ -242,6 +242,10 @@ class BlockPool:
             for block in table.values():
                 block.block_hash = None
                 block.group_id = -1
+                block.num_hits = 0
+                block.value_hint = NORMAL_VALUE
+                if block.ref_cnt == 0:  # an emptied block is reused before cached data
+                    self.free_queue.uncache(block)
             table.clear()
         if self._subscribers:
             self._emit(AllBlocksCleared())

@@ -76,6 +76,9 @@ def check_output_dir(path: str, flag: str = "--out") -> str:
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="hybridkv-demo-output", help="folder for the PNG plots")
     p.add_argument("--presets", default="gemma3-tiny,jamba-tiny")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed runs per figure after a warm-up run (median reported)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads while measuring")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -84,7 +87,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     from hybridkv.tools.demo import run_demo
 
     presets = tuple(p for p in args.presets.split(",") if p)
-    return run_demo(args.out, presets, show_progress=not args.no_progress)
+    return run_demo(args.out, presets, show_progress=not args.no_progress,
+                    repeats=args.repeats, num_threads=args.threads)
 
 
 # ---- simulate ---------------------------------------------------------------

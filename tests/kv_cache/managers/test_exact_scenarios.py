@@ -154,8 +154,8 @@ def test_sink_blocks_are_pinned_and_never_listed():
     with pytest.raises(ValueError, match="'big' needs 8 more blocks"):  # never fits
         kv.allocate_slots(big, 29)
     fits = Request("fits", PROMPT[:28])
-    run(kv, fits)  # the reset emptied the map but left the queue order: 5-9, then 4, 3
-    assert kv.get_block_ids("fits") == ([5, 6, 7, 8, 9, 4, 3],) and kv.num_free_blocks == 0
+    run(kv, fits)  # the reset emptied 3 and 4, which are reused first, then 5-9
+    assert kv.get_block_ids("fits") == ([4, 3, 5, 6, 7, 8, 9],) and kv.num_free_blocks == 0
 
 
 def test_evicting_a_window_block_shrinks_the_hybrid_hit():
