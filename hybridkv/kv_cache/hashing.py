@@ -16,29 +16,91 @@ processes and machines and never depend on Python's hash seed. `sha256` is
 the default (collision resistant: a forged collision would hand one tenant
 another's KV); `xxhash` (XXH3 128-bit) is the fast option.
 
-A C accelerator (`hybridkv.kv_cache._chainhash`, built with the package when a
-compiler is present) hashes runs of blocks that share one `extra`; the pure
-Python loop below is the reference it must match byte for byte.
+A C accelerator (`hybridkv.kv_cache._chainhash`, built with the package; it
+needs only a C compiler and Python's headers) hashes runs of blocks that share
+one `extra`; the pure Python loop below is the reference it must match byte
+for byte. When it was not built, the first hash computed warns once
+(`RuntimeWarning`, naming the reason) unless `HYBRIDKV_ALLOW_PYTHON_HASHING=1`
+says the fallback is intended; `hashing_backend()` reports which path runs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
+import os
 import struct
 import sys
+import warnings
 from array import array
 from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import xxhash
 
 from hybridkv.kv_cache.checks import check_int
 
-try:  # optional C fast path
-    from hybridkv.kv_cache import _chainhash  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the build
-    _chainhash = None
+ALLOW_PYTHON_ENV = "HYBRIDKV_ALLOW_PYTHON_HASHING"
+_BUILD_ERROR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                 "_chainhash.build-error.txt")
+
+
+def _load_extension() -> tuple[Any, str | None]:
+    """(the C module, None) or (None, why it is missing)."""
+    name = "hybridkv.kv_cache._chainhash"
+    try:
+        return importlib.import_module(name), None
+    except ImportError as e:
+        try:
+            with open(_BUILD_ERROR_FILE) as f:
+                return None, f"build failed: {f.read().strip()}"
+        except OSError:
+            pass
+        if isinstance(e, ModuleNotFoundError) and e.name == name:
+            return None, "no compiled module (the package was installed without building it)"
+        return None, f"it does not load: {e}"
+
+
+_chainhash, EXTENSION_ERROR = _load_extension()
 # (None with a build older than this module: the checks then run in Python)
 _max_token = getattr(_chainhash, "max_token", None)
+_warned_fallback = False
+
+
+class HashingBackend(NamedTuple):
+    """Which hashing path runs: the C extension (and its SHA-256 code) or Python."""
+
+    c_extension: bool
+    sha256: str  # "sha-ni", "portable" (C) or "hashlib" (Python)
+    reason: str | None  # why the C extension is missing, else None
+
+    def describe(self) -> str:
+        if self.c_extension:
+            return f"C extension (sha256: {self.sha256}, xxhash: vendored XXH3)"
+        return f"pure Python fallback, ~7x slower (C extension not built: {self.reason})"
+
+
+def hashing_backend() -> HashingBackend:
+    """The hashing path of this process (the built extension, or why not)."""
+    if _chainhash is None:
+        return HashingBackend(False, "hashlib", EXTENSION_ERROR or "disabled")
+    backend = getattr(_chainhash, "sha256_backend", None)
+    return HashingBackend(True, backend() if backend else "C", None)
+
+
+def _warn_fallback() -> None:
+    """Warn once that the C extension is missing (not when it was disabled on purpose)."""
+    global _warned_fallback
+    if _warned_fallback or EXTENSION_ERROR is None:
+        return
+    _warned_fallback = True
+    if os.environ.get(ALLOW_PYTHON_ENV) == "1":
+        return
+    warnings.warn(f"hybridkv: C hashing extension not built ({EXTENSION_ERROR}); hashing "
+                  f"falls back to pure Python, ~7x slower. Reinstall with a C compiler and "
+                  f"Python headers, or set {ALLOW_PYTHON_ENV}=1 if this is intended.",
+                  RuntimeWarning, stacklevel=2)
+
 
 HASH_ALGOS = ("sha256", "xxhash")
 _ALGO_IDS = {"sha256": 0, "xxhash": 1}
@@ -166,6 +228,7 @@ class BlockHasher:
         bs = self.block_size
         tokens: Sequence[int] | bytes
         if _chainhash is None:  # reference path: validate and pack everything first
+            _warn_fallback()
             tokens, base = self._pack(token_ids[first * bs:last * bs]), first
         elif isinstance(token_ids, (list, tuple)):  # C reads the ints in place
             tokens, base = token_ids, 0
