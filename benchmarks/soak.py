@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 
 from common import add_common_args, prepare_out, write_result
 
@@ -37,7 +36,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.minutes > 0:
         ap.error(f"--minutes must be > 0, got {args.minutes}")
     names = [n for n in args.configs.split(",") if n]
-    warnings.filterwarnings("ignore", "prefix caching:", RuntimeWarning)  # tiny pools
     result = run_fuzz(args.minutes * 60, config_names=names,
                       examples_per_run=args.examples_per_run, steps=args.steps)
     stats = result.stats

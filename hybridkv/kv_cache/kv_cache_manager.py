@@ -256,7 +256,7 @@ class KVCacheManager:
         if running and need <= free + self.coordinator.num_releasable_retained():
             self.coordinator.release_retained()
             return True  # released blocks only add free ones
-        if len(self._held) - running == 0:
+        if len(self._held) == (1 if running else 0):  # no other request holds blocks
             usable = self.pool.num_blocks - 1 - self.pool.num_pinned
             raise ValueError(
                 f"request {rid!r} needs {need} more blocks but only {free} of the pool's "
@@ -268,7 +268,7 @@ class KVCacheManager:
                           num_new_computed_tokens: int,
                           new_computed_blocks: KVCacheBlocks | None) -> int:
         """Validate an allocate_slots call; return the token count after it."""
-        if type(request) is not Request and not isinstance(request, Request):
+        if not isinstance(request, Request):
             raise ValueError(f"request must be a Request, got {type(request).__name__}")
         check_int("num_new_tokens", num_new_tokens, 0)
         check_int("num_new_computed_tokens", num_new_computed_tokens, 0)

@@ -106,8 +106,8 @@ class _Case:
         groups = [KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)]
         self.kv = KVCacheManager(KVCacheConfig(num_blocks, groups),
                                  eviction_policy=eviction_policy, warn_repeated_misses=False)
-        self.sink_ids = {i for m in self.kv.coordinator.managers
-                         for i in getattr(m, "sink_block_ids", ())}
+        self.sink_ids = {b.block_id for m in self.kv.coordinator.managers
+                         for b in m.pinned_blocks()}
         self.events: list[object] = []
         self.kv.subscribe(self.events.append)
         self.mirror: list[dict[bytes, int]] = [{} for _ in specs]  # the map the events tell

@@ -68,8 +68,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.shadow = ShadowCache(specs, self.kv.null_block_id, algo, self.kv.hash_block_size,
                                   caching)
         self.align = math.lcm(*(s.block_size for s in specs))
-        self.sink_ids = {i for m in self.kv.coordinator.managers
-                         for i in getattr(m, "sink_block_ids", ())}
+        self.sink_ids = {b.block_id for m in self.kv.coordinator.managers
+                         for b in m.pinned_blocks()}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.pending: dict[str, int] = {}  # allocated, not yet advanced: tokens

@@ -127,6 +127,7 @@ def test_shared_prefix_hit_rate_has_its_closed_form():
         assert res.calls["allocate_decode"] == 20 * 5 and res.calls["free"] == 20
 
 
+@pytest.mark.filterwarnings("ignore:prefix caching:RuntimeWarning")  # a tiny pool on purpose
 @pytest.mark.parametrize("config", ["full", "swa", "mamba"])
 def test_tiny_pool_preempts_finishes_everything_and_leaks_nothing(config):
     # 8 unrelated prompts of 4 blocks growing to 8 while decoding, 4 at a time, 24 blocks
@@ -141,7 +142,9 @@ def test_tiny_pool_preempts_finishes_everything_and_leaks_nothing(config):
 
 def test_a_request_larger_than_the_pool_is_refused():
     trace = shared_prefix_trace(num_requests=1, prefix_len=400, unique_len=0, decode_steps=1)
-    with pytest.raises(ValueError, match="req-0 does not fit"):
+    # KVCacheManager raises at the allocation (it could never be served); a manager that
+    # only returned None would be stopped by the driver instead ("does not fit")
+    with pytest.raises(ValueError, match=r"req-0'? (does not fit|needs \d+ more blocks)"):
         replay(trace, ManagerAdapter(make_config("full", 8)))
 
 

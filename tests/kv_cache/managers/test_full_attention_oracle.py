@@ -1,6 +1,6 @@
 """Full-attention hits against a brute-force LRU model of the prefix cache.
 
-The model knows only the rules of API.md: a full block is cached under its
+The model knows only the documented rules: a full block is cached under its
 whole prefix; a hit is the longest run of cached leading blocks, capped at
 num_tokens - 1; new blocks take uncached free blocks first, then evict the
 least recently released cached block; a request releases its blocks tail
