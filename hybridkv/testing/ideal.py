@@ -236,17 +236,20 @@ class ClairvoyantCache:
                 out.append(item)
         return out
 
-    def _need(self, s: _Seq, c: int, t: int, hit: int, whole: bool = False) -> int:
+    def _need(self, s: _Seq, c: int, t: int, hit: int, whole: bool = False,
+              states: list[int] | None = None) -> int:
         positions = -(-t // self.bs)
         need = positions - max(len(s.full), hit)
         if self.kind == "swa":
             side = positions - max(len(s.window), hit)
             need += min(side, self.w + 1) if whole else side
         elif self.kind == "mamba":
-            need += (not s.live) + len(self._new_states(s, c, t))
+            new = self._new_states(s, c, t) if states is None else states
+            need += (not s.live) + len(new)
         return need
 
-    def _fits(self, s: _Seq, c: int, t: int, hit: int, hit_items: list[int]) -> bool:
+    def _fits(self, s: _Seq, c: int, t: int, hit: int, hit_items: list[int],
+              states: list[int]) -> bool:
         avail = self.free_blocks + len(self.next_use)
         avail -= sum(1 for it in set(hit_items) if it in self.next_use)
         if self.kind == "swa":
@@ -256,7 +259,7 @@ class ClairvoyantCache:
                 if it == _ANON or (it is not None and self.holders[it] == 1
                                    and self._next(it) == _NEVER):
                     avail += 1
-        if self._need(s, c, t, hit) > avail:
+        if self._need(s, c, t, hit, states=states) > avail:
             return False
         # a request is admitted only when its whole sequence fits
         return s.admitted or self._need(s, c, s.known, hit, whole=True) <= avail
@@ -311,7 +314,10 @@ class ClairvoyantCache:
         hit_items = self._hit_items(s, hit) if s.hit is not None else []
         c = s.computed + hit * self.bs
         t = c + n
-        if not self._fits(s, c, t, hit, hit_items):
+        # Mamba states to write, worked out once: a take below may evict a state
+        # counted present here, which must not be written (and counted) twice
+        states = self._new_states(s, c, t) if self.kind == "mamba" else []
+        if not self._fits(s, c, t, hit, hit_items, states):
             return False
         if s.hit is not None:
             self._adopt(s, hit, hit_items)
@@ -326,7 +332,7 @@ class ClairvoyantCache:
             if not s.live:
                 self._take()
                 s.live = True
-            s.kept += [self._store(item) for item in self._new_states(s, c, t)]
+            s.kept += [self._store(item) for item in states]
         s.computed = t
         return True
 
