@@ -11,9 +11,11 @@ from typing import Any
 
 import torch
 
+from hybridkv.engine.chat import render_conversations
 from hybridkv.engine.executor import ModelExecutor
 from hybridkv.engine.sampling import RequestMetrics, RequestOutput, Sampler, SamplingParams
 from hybridkv.engine.scheduler import ScheduledSeq, Scheduler, SeqState
+from hybridkv.engine.tokenizer import load_tokenizer
 from hybridkv.kv_cache.hashing import max_token_id
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
@@ -51,6 +53,11 @@ class LLM:
     The pool is sized by `num_blocks`, else by `kv_cache_memory_bytes`
     (default 64 MiB). Errors in the model or the sizes raise ValueError /
     FileNotFoundError before anything is allocated.
+
+    `tokenizer` (a `transformers` tokenizer or a directory of tokenizer
+    files) makes string prompts and `chat` work; without it a preset uses its
+    built-in tokenizer, a checkpoint directory its own tokenizer files, and a
+    model object none (`self.tokenizer` is then None).
     """
 
     def __init__(self, model: Any, *, enable_prefix_caching: bool = True, block_size: int = 16,
@@ -58,8 +65,9 @@ class LLM:
                  device: str = "cpu", dtype: Any = None, seed: int = 0,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  hash_algo: str = "sha256", eviction_policy: str = "hybrid",
-                 poison_kv_cache: bool = False) -> None:
+                 poison_kv_cache: bool = False, tokenizer: Any = None) -> None:
         self.runner = load_model(model, dtype=dtype, seed=seed)
+        self.tokenizer = load_tokenizer(model, tokenizer)
         if device != "cpu":
             self.runner.model.to(device)
         self.config = self._kv_cache_config(block_size, num_blocks, kv_cache_memory_bytes)
@@ -72,7 +80,6 @@ class LLM:
         if poison_kv_cache:
             self.kv.on_stale_blocks(self.executor.poison_blocks)
         self.sampler = Sampler(seed)
-        self.tokenizer = _load_tokenizer(model)
         self._counter = 0
 
     def _kv_cache_config(self, block_size: int, num_blocks: int | None,
@@ -121,6 +128,19 @@ class LLM:
         if progress is not None:
             progress.close()
         return [self._output(seq) for seq in seqs]
+
+    def chat(self, messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             *, add_generation_prompt: bool = True, use_tqdm: bool = False
+             ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of `{"role", "content"}`
+        messages) or a list of them, rendered with the tokenizer's chat template
+        (`hybridkv.engine.chat.render_chat`). ValueError naming the conversation
+        and message for a bad message, or when there is no tokenizer or template.
+        """
+        prompts = render_conversations(self.tokenizer, messages,
+                                       add_generation_prompt=add_generation_prompt)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def step(self) -> int:
         """Schedule and run one step; return how many requests finished."""
@@ -171,7 +191,7 @@ class LLM:
             out.metrics = RequestMetrics(seq.arrival_time, seq.first_token_time,
                                          seq.finished_time)
         if self.tokenizer is not None:
-            out.text = self.tokenizer.decode(out.output_token_ids)
+            out.text = self.tokenizer.decode(out.output_token_ids, skip_special_tokens=True)
         return out
 
     # ---- validation ----------------------------------------------------------
@@ -212,7 +232,7 @@ class LLM:
             if self.tokenizer is None:
                 raise ValueError(f"prompt {i} is a string but this model has no tokenizer; "
                                  f"pass token ids")
-            return list(self.tokenizer.encode(prompt))
+            prompt = list(self.tokenizer.encode(prompt))
         if not isinstance(prompt, Sequence) or len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty or not a list of token ids")
         vocab = self.runner.vocab_size
@@ -275,18 +295,6 @@ def _per_prompt_params(params: SamplingParams | Sequence[SamplingParams] | None,
     if len(params) != n or not all(isinstance(p, SamplingParams) for p in params):
         raise ValueError(f"sampling_params must be one SamplingParams or one per prompt ({n})")
     return list(params)
-
-
-def _load_tokenizer(model: Any):
-    """The tokenizer of a local checkpoint directory, if it has one."""
-    if not isinstance(model, str | os.PathLike) or not os.path.isdir(model):
-        return None
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(model, local_files_only=True)
-    except (OSError, ValueError):
-        return None
 
 
 def _progress(total: int, enabled: bool):

@@ -23,8 +23,7 @@ class Request:
 
     __slots__ = ("request_id", "all_token_ids", "num_computed_tokens",
                  "cache_salt", "lora_name", "mm_hashes", "max_tokens", "hasher",
-                 "num_prompt_tokens", "num_shared_prefix_tokens", "quiet_owner",
-                 "quiet_tokens", "quiet_computed")
+                 "num_prompt_tokens", "__weakref__")
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *,
                  cache_salt: str | bytes | None = None, lora_name: str | None = None,
@@ -55,14 +54,6 @@ class Request:
         self.mm_hashes = check_mm_items(mm_hashes)
         self.max_tokens = max_tokens
         self.hasher: BlockHasher | None = None
-        # how far the prompt matched cached full-attention blocks at its last lookup:
-        # a junction where other requests diverge (a retention hint)
-        self.num_shared_prefix_tokens = 0
-        # set by the manager holding the request's blocks: up to these token counts an
-        # allocation changes nothing (its fast path)
-        self.quiet_owner: object = None
-        self.quiet_tokens = 0
-        self.quiet_computed = 0
 
     @property
     def prompt_token_ids(self) -> list[int]:

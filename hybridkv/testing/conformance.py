@@ -31,7 +31,7 @@ from unittest.mock import patch
 
 from hybridkv.kv_cache import specs as sp
 from hybridkv.kv_cache.block_pool import Block
-from hybridkv.kv_cache.eviction.policy import make_eviction_policy
+from hybridkv.kv_cache.eviction import make_eviction_policy
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
 from hybridkv.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from hybridkv.kv_cache.managers import SPEC_TO_MANAGER, SingleTypeManager

@@ -36,7 +36,7 @@ from hybridkv import (
     SlidingWindowSpec,
     compute_block_hashes,
 )
-from hybridkv.kv_cache.eviction.policy import EVICTION_POLICIES
+from hybridkv.kv_cache.eviction import EVICTION_POLICIES
 from hybridkv.kv_cache.managers import SPEC_TO_MANAGER
 from hybridkv.models.presets import PRESETS, build_preset_model
 from hybridkv.models.registry import RUNNERS

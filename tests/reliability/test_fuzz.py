@@ -12,7 +12,8 @@ from unittest.mock import patch
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from hybridkv.kv_cache.block_pool import NORMAL_VALUE, BlockPool
+from hybridkv.kv_cache.block_pool import BlockPool
+from hybridkv.kv_cache.eviction import NORMAL_VALUE
 from hybridkv.kv_cache.managers.base import SingleTypeManager
 from hybridkv.kv_cache.managers.mamba import MambaManager
 from hybridkv.kv_cache.managers.sliding_window import SlidingWindowManager
