@@ -32,7 +32,7 @@ re-enters by its hit count.
 Stale hit data: hit counts say a block was useful, not that it still is (an
 agent that finished, a conversation that ended). The policy keeps the longest
 recent reuse distance of hits (blocks taken between a block's release and its
-hit, a maximum that decays by REUSE_DECAY per hit) and watches whether fresh
+hit, a maximum that decays by REUSE_DECAY per hit, whatever its length) and watches whether fresh
 data it evicts is computed again. While at least RETURN_GATE of recent fresh
 evictions come back (the never-hit tier is losing live data, e.g. the newest
 step of agents that run round-robin in a pool that holds them all), a hit
@@ -60,7 +60,7 @@ AGE_EVERY = 8
 # rule on, and the weight of one eviction in that share
 STALE_AGE = 4.0
 REUSE_DECAY = 0.999
-RETURN_GATE = 0.25
+RETURN_GATE = 0.35
 RETURN_WEIGHT = 1 / 256
 # tiers kept as stacks (the end of the dict is taken first: new blocks go on top);
 # the others are queues (the front is taken first, new blocks join at the end)
@@ -142,15 +142,14 @@ class HybridPolicy(EvictionPolicy):
         self.remove_blocks((block,))
 
     def remove_blocks(self, blocks: Sequence[Block]) -> None:
-        tiers, clock, reuse = self._tiers, self._clock, self._reuse
+        tiers, clock = self._tiers, self._clock
+        reuse = self._reuse * REUSE_DECAY  # one hit, however many blocks
         for block in blocks:
             slot = block.queue_slot
             released = tiers[slot].pop(block)
             block.queue_slot = -1
-            if FRESH <= slot <= HIT_OFTEN:  # a hit on cached data: how long it waited
-                reuse *= REUSE_DECAY
-                if clock - released > reuse:
-                    reuse = clock - released
+            if FRESH <= slot <= HIT_OFTEN and clock - released > reuse:  # how long it waited
+                reuse = clock - released
         self._reuse = reuse
         self._num_free -= len(blocks)
 
