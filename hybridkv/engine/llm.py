@@ -16,7 +16,7 @@ from hybridkv.engine.executor import ModelExecutor
 from hybridkv.engine.sampling import RequestMetrics, RequestOutput, Sampler, SamplingParams
 from hybridkv.engine.scheduler import ScheduledSeq, Scheduler, SeqState
 from hybridkv.engine.tokenizer import load_tokenizer
-from hybridkv.kv_cache.hashing import max_token_id
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
@@ -84,14 +84,12 @@ class LLM:
 
     def _kv_cache_config(self, block_size: int, num_blocks: int | None,
                          budget: int | None) -> KVCacheConfig:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        check_int("block_size", block_size, 1)
         specs = self.runner.kv_cache_specs(block_size)
         if num_blocks is None:
             return KVCacheConfig.from_layer_specs(
                 specs, DEFAULT_KV_CACHE_BYTES if budget is None else budget)
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
-            raise ValueError(f"num_blocks must be an int >= 2, got {num_blocks!r}")
+        check_int("num_blocks", num_blocks, 2)
         layout = KVCacheConfig.from_layer_specs(specs, 1 << 40)
         return dataclasses.replace(layout, num_blocks=num_blocks)
 
@@ -201,14 +199,13 @@ class LLM:
         if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
             raise ValueError("prompts must be a non-empty list of token-id lists or strings")
         per_prompt = _per_prompt_params(params, len(prompts))
-        seqs = []
         parts = [self._prompt_parts(i, prompt) for i, prompt in enumerate(prompts)]
-        for i, ((ids, _), p) in enumerate(zip(parts, per_prompt)):
-            self._check_fits(i, ids, p)
-        for i, ((ids, keys), p) in enumerate(zip(parts, per_prompt)):
-            self._counter += 1
-            seqs.append(SeqState(Request(f"req-{self._counter}", ids, **keys), p, i))
-        return seqs
+        requests = [self._request(i, self._counter + 1 + i, ids, keys)
+                    for i, (ids, keys) in enumerate(parts)]
+        for i, (req, p) in enumerate(zip(requests, per_prompt)):
+            self._check_fits(i, req.all_token_ids, p)
+        self._counter += len(requests)
+        return [SeqState(req, p, i) for i, (req, p) in enumerate(zip(requests, per_prompt))]
 
     def _prompt_parts(self, i: int, prompt: Any) -> tuple[list[int], dict[str, Any]]:
         """Token ids of prompt `i` and the cache keys a dict prompt carries."""
@@ -235,18 +232,14 @@ class LLM:
             prompt = list(self.tokenizer.encode(prompt))
         if not isinstance(prompt, Sequence) or len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty or not a list of token ids")
-        vocab = self.runner.vocab_size
-        ids = list(prompt)
-        try:  # ints in [0, 2**32), checked in C when built, then below the vocabulary size
-            in_range = max_token_id(ids) < vocab
-        except ValueError:
-            in_range = False
-        if not in_range:
-            bad = next(t for t in ids if isinstance(t, bool) or not isinstance(t, int)
-                       or not 0 <= t < vocab)
-            raise ValueError(f"prompt {i}: token id {bad!r} is outside the vocabulary "
-                             f"[0, {vocab})")
-        return ids
+        return list(prompt)  # the ids are checked by Request, against the vocabulary
+
+    def _request(self, i: int, number: int, ids: list[int], keys: dict[str, Any]) -> Request:
+        """Request `req-<number>` of prompt `i`; its checks' errors name the prompt."""
+        try:
+            return Request(f"req-{number}", ids, vocab_size=self.runner.vocab_size, **keys)
+        except ValueError as error:
+            raise ValueError(f"prompt {i}: {error}") from None
 
     def _check_fits(self, i: int, ids: list[int], params: SamplingParams) -> None:
         limit = self.runner.max_model_len

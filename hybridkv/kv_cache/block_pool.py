@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.events import (
     AllBlocksCleared,
     BlockEvent,
@@ -65,9 +66,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, num_groups: int = 1, *,
                  eviction_policy: str = "lru") -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
-            raise ValueError(f"num_blocks must be an int >= 2 (the null block plus one), "
-                             f"got {num_blocks!r}")
+        check_int("num_blocks", num_blocks, 2, note=" (the null block plus one)")
         self.num_blocks = num_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.null_block = self.blocks[0]
@@ -225,10 +224,7 @@ class BlockPool:
         """
         ids = list(block_ids)
         for block_id in ids:
-            if isinstance(block_id, bool) or not isinstance(block_id, int) \
-                    or not 0 <= block_id < self.num_blocks:
-                raise ValueError(f"evict_blocks: block id {block_id!r} is not in "
-                                 f"[0, {self.num_blocks})")
+            check_int("evict_blocks: a block id", block_id, 0, self.num_blocks - 1)
         dropped = 0
         for block_id in ids:
             block = self.blocks[block_id]
