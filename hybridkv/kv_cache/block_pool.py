@@ -189,6 +189,7 @@ class BlockPool:
         """
         table = self.cached[group_id]
         null, subscribers, stored = self.null_block, self._subscribers, 0
+        evicted = self.free_queue.evicted  # data the policy watches for (usually none)
         for i in range(start, end):
             block = blocks[i]
             if block is null or block.block_hash is not None:
@@ -204,6 +205,8 @@ class BlockPool:
             stored += 1
             if subscribers:
                 self._emit(BlockStored(block_hash, group_id, block.block_id))
+            if evicted and block_hash in evicted:
+                self.free_queue.recomputed(block_hash)
         return stored
 
     def _note_recompute(self, block: Block) -> None:
