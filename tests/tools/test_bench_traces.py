@@ -144,7 +144,8 @@ def test_a_request_larger_than_the_pool_is_refused():
     trace = shared_prefix_trace(num_requests=1, prefix_len=400, unique_len=0, decode_steps=1)
     # KVCacheManager refuses it at the allocation, naming the request (it could never be
     # served); a manager that only returned None would be stopped by the driver instead
-    with pytest.raises(ValueError, match=r"req-0.*(does not fit|needs \d+ more blocks|never be served)"):
+    refused = r"req-0.*(does not fit|needs \d+ more blocks|never be served)"
+    with pytest.raises(ValueError, match=refused):
         replay(trace, ManagerAdapter(make_config("full", 8)))
 
 
