@@ -7,7 +7,9 @@ Three measurements, each against a real server subprocess on 127.0.0.1:
    in-process `LLM.generate` with the same engine settings, alternated; the
    per-request difference is the HTTP + JSON + tokenization + engine-thread
    hand-off cost. Token-id prompts and text prompts (tokenized by the server,
-   by `LLM.generate` in process).
+   by `LLM.generate` in process). Wall time, and CPU time (server process +
+   client against the in-process call), which other jobs on a shared machine
+   disturb far less.
 2. low-load TTFT: streamed requests one at a time: a 2,048-token document
    (cached by a first request) plus a new 32-token question, against a new
    32-token question alone. TTFT is the time to the first streamed token.
@@ -78,6 +80,12 @@ class Server:
             except httpx.HTTPError:
                 time.sleep(0.2)
         raise SystemExit("server did not start")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU the server process has used (all its threads)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -255,23 +263,37 @@ def overhead(args, log_dir: str) -> dict:
                            else " ".join(rng.choice(words) for _ in range(24))
                            for _ in range(n + 5)]
                 http, local = [], []
-                for p in prompts:
+                cpu = {"server": 0.0, "client": 0.0, "generate": 0.0}
+                for i, p in enumerate(prompts):
                     body = {"prompt": p, "max_tokens": out_len, "temperature": 0,
                             "ignore_eos": True}
-                    t = time.perf_counter()
+                    server_cpu, c, t = server.cpu_seconds(), time.process_time(), \
+                        time.perf_counter()
                     r = client.post(f"{server.url}/v1/completions", json=body)
                     http.append(time.perf_counter() - t)
+                    if i >= 5:  # the first few warm both paths up
+                        cpu["client"] += time.process_time() - c
+                        cpu["server"] += server.cpu_seconds() - server_cpu
                     assert r.status_code == 200, r.text
-                    t = time.perf_counter()
+                    c, t = time.process_time(), time.perf_counter()
                     llm.generate([p], params)
                     local.append(time.perf_counter() - t)
-                http, local = http[5:], local[5:]  # the first few warm both paths up
+                    if i >= 5:
+                        cpu["generate"] += time.process_time() - c
+                http, local = http[5:], local[5:]
                 diffs = [h - g for h, g in zip(http, local)]
-                result[kind] = {"http_median_s": statistics.median(http),
-                                "generate_median_s": statistics.median(local),
-                                "overhead_median_s": statistics.median(diffs),
-                                "overhead_p10_s": percentile(diffs, 10),
-                                "overhead_p90_s": percentile(diffs, 90), "requests": n}
+                result[kind] = {
+                    "http_median_s": statistics.median(http),
+                    "generate_median_s": statistics.median(local),
+                    "overhead_median_s": statistics.median(diffs),
+                    "overhead_p10_s": percentile(diffs, 10),
+                    "overhead_p90_s": percentile(diffs, 90), "requests": n,
+                    # CPU seconds per request: far less sensitive to other jobs than wall time
+                    "cpu_server_per_request_s": cpu["server"] / n,
+                    "cpu_client_per_request_s": cpu["client"] / n,
+                    "cpu_generate_per_request_s": cpu["generate"] / n,
+                    "cpu_overhead_per_request_s": (cpu["server"] + cpu["client"]
+                                                   - cpu["generate"]) / n}
                 print(kind, json.dumps(result[kind]), flush=True)
     finally:
         server.stop()
@@ -367,6 +389,9 @@ def plot(result: dict, path: str) -> None:
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set(xscale="log", yscale="log", xlabel="request rate (req/s, Poisson)",
                ylabel="time to first token (s)", title=name.replace("_", " "))
+        rates = sorted({r["rate"] for k in ("on", "off") for r in result[name][k]["rows"]})
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.minorticks_off()
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import re
+import secrets
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,8 @@ class CompletionService:
         self.model_name = model_name
         self.max_live = max_live
         self.metrics = metrics
+        self._id_prefix = secrets.token_hex(6)  # ids unique across restarts, no syscall each
+        self._ids = itertools.count()
 
     # ---- entry points --------------------------------------------------------
 
@@ -120,7 +123,7 @@ class CompletionService:
         if len(prompts) * body.n > self.max_live:
             raise bad_request(f"n: {len(prompts)} prompts x n={body.n} sequences are more than "
                               f"this server ever runs or queues at once ({self.max_live})", "n")
-        job_id = f"{kind}-{uuid.uuid4().hex}"
+        job_id = f"{kind}-{self._id_prefix}{next(self._ids)}"
         requests = []
         for i, (ids, limit) in enumerate(zip(prompts, limits)):
             for j in range(body.n):
