@@ -1,7 +1,8 @@
-"""Shared test settings: small hypothesis budgets so the suite stays fast."""
+"""Shared test settings (small hypothesis budgets so the suite stays fast) and fixtures."""
 
 import pytest
 from hypothesis import HealthCheck, settings
+from redis_fixture import redis_server  # noqa: F401 - a shared fixture for every test dir
 
 settings.register_profile("ci", max_examples=60, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -17,3 +18,4 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+

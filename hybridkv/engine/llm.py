@@ -9,14 +9,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from hybridkv.engine.chat import render_conversations
 from hybridkv.engine.executor import ModelExecutor
-from hybridkv.engine.sampling import RequestMetrics, RequestOutput, Sampler, SamplingParams
+from hybridkv.engine.sampling import (
+    RequestMetrics,
+    RequestOutput,
+    Sampler,
+    SamplingParams,
+    find_stop_string,
+)
 from hybridkv.engine.scheduler import ScheduledSeq, Scheduler, SeqState
 from hybridkv.engine.tokenizer import load_tokenizer
-from hybridkv.kv_cache.hashing import max_token_id
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
@@ -102,14 +109,12 @@ class LLM:
 
     def _kv_cache_config(self, block_size: int, num_blocks: int | None,
                          budget: int | None) -> KVCacheConfig:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        check_int("block_size", block_size, 1)
         specs = self.runner.kv_cache_specs(block_size)
         if num_blocks is None:
             return KVCacheConfig.from_layer_specs(
                 specs, DEFAULT_KV_CACHE_BYTES if budget is None else budget)
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
-            raise ValueError(f"num_blocks must be an int >= 2, got {num_blocks!r}")
+        check_int("num_blocks", num_blocks, 2)
         layout = KVCacheConfig.from_layer_specs(specs, 1 << 40)
         return dataclasses.replace(layout, num_blocks=num_blocks)
 
@@ -120,7 +125,8 @@ class LLM:
                  *, use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for every prompt; outputs in prompt order.
 
-        A prompt is a token-id list, a string (with a tokenizer), or a dict
+        A prompt is a token-id list (or a 1-D integer numpy array or torch
+        tensor), a string (with a tokenizer), or a dict
         `{"prompt_token_ids": [...] (or "prompt": text), "cache_salt": ...,
         "lora_name": ...}`. `cache_salt` (str or bytes) keys the prompt's
         first block, so only requests with the same salt share its cached KV
@@ -202,9 +208,19 @@ class LLM:
         return finished
 
     def _stop_reason(self, seq: SeqState, token: int) -> str | None:
-        if not seq.params.ignore_eos and token in self.runner.eos_token_ids:
+        params = seq.params
+        if not params.ignore_eos and token in self.runner.eos_token_ids:
             return "stop"
-        if seq.num_output_tokens >= seq.params.max_tokens:
+        if token in params.stop_token_ids:
+            seq.stop_reason = token
+            return "stop"
+        if params.stop and self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.request.output_token_ids, skip_special_tokens=True)
+            found = find_stop_string(text, params.stop)
+            if found is not None:
+                seq.stop_reason = found[1]
+                return "stop"
+        if seq.num_output_tokens >= params.max_tokens:
             return "length"
         if seq.request.num_tokens >= self.runner.max_model_len:
             return "length"
@@ -214,13 +230,53 @@ class LLM:
         req = seq.request
         out = RequestOutput(req.request_id, req.prompt_token_ids, req.output_token_ids,
                             max(seq.num_cached_tokens, 0), seq.finish_reason,
+                            stop_reason=seq.stop_reason,
                             num_external_cached_tokens=seq.num_external_cached_tokens)
         if seq.first_token_time is not None and seq.finished_time is not None:
             out.metrics = RequestMetrics(seq.arrival_time, seq.first_token_time,
                                          seq.finished_time)
         if self.tokenizer is not None:
             out.text = self.tokenizer.decode(out.output_token_ids, skip_special_tokens=True)
+            if isinstance(seq.stop_reason, str):  # the text ends before the stop string
+                out.text = out.text[:out.text.find(seq.stop_reason)]
         return out
+
+    # ---- one request at a time (serving) --------------------------------------
+
+    def add_request(self, prompt: Sequence[int] | str | Mapping[str, Any],
+                    params: SamplingParams | None = None, *, request_id: str | None = None,
+                    arrival_time: float | None = None) -> SeqState:
+        """Queue one prompt (as `generate` takes it) for the next `step()` calls.
+
+        Validated like `generate` (ValueError, nothing queued). `params.n`
+        must be 1 (add one request per sample). Returns the request's live
+        state: `request.output_token_ids` grow as `step()` samples,
+        `finish_reason` is set when it ends. `request_id` defaults to a fresh one.
+        """
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams) or params.n != 1:
+            raise ValueError(f"add_request takes one SamplingParams with n=1, got {params!r}")
+        ids, keys = self._prompt_parts(0, prompt)
+        self._check_fits(0, ids, params)
+        rid = f"req-{self._counter + 1}" if request_id is None else request_id
+        request = self._request(0, rid, ids, keys)
+        self._counter += 1
+        seq = SeqState(request, params, self._counter)
+        seq.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        self.scheduler.add(seq)
+        return seq
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a queued or running request and free its blocks; False if not found."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        seq.finished_time = time.perf_counter()
+        self.sampler.forget(request_id)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
 
     # ---- validation ----------------------------------------------------------
 
@@ -229,13 +285,19 @@ class LLM:
         if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
             raise ValueError("prompts must be a non-empty list of token-id lists or strings")
         per_prompt = _per_prompt_params(params, len(prompts))
-        seqs = []
         parts = [self._prompt_parts(i, prompt) for i, prompt in enumerate(prompts)]
         for i, ((ids, _), p) in enumerate(zip(parts, per_prompt)):
             self._check_fits(i, ids, p)
+        seqs: list[SeqState] = []
+        number = self._counter
         for i, ((ids, keys), p) in enumerate(zip(parts, per_prompt)):
-            self._counter += 1
-            seqs.append(SeqState(Request(f"req-{self._counter}", ids, **keys), p, i))
+            for sample in range(p.n):  # sample k of a seeded prompt uses seed + k
+                number += 1
+                sample_params = p if sample == 0 or p.seed is None else \
+                    dataclasses.replace(p, seed=p.seed + sample)
+                request = self._request(i, f"req-{number}", ids, keys)
+                seqs.append(SeqState(request, sample_params, len(seqs)))
+        self._counter = number
         return seqs
 
     def _prompt_parts(self, i: int, prompt: Any) -> tuple[list[int], dict[str, Any]]:
@@ -261,22 +323,22 @@ class LLM:
                 raise ValueError(f"prompt {i} is a string but this model has no tokenizer; "
                                  f"pass token ids")
             prompt = list(self.tokenizer.encode(prompt))
+        prompt = _array_to_list(i, prompt)
         if not isinstance(prompt, Sequence) or len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty or not a list of token ids")
-        vocab = self.runner.vocab_size
-        ids = list(prompt)
-        try:  # ints in [0, 2**32), checked in C when built, then below the vocabulary size
-            in_range = max_token_id(ids) < vocab
-        except ValueError:
-            in_range = False
-        if not in_range:
-            bad = next(t for t in ids if isinstance(t, bool) or not isinstance(t, int)
-                       or not 0 <= t < vocab)
-            raise ValueError(f"prompt {i}: token id {bad!r} is outside the vocabulary "
-                             f"[0, {vocab})")
-        return ids
+        return list(prompt)  # the ids are checked by Request, against the vocabulary
+
+    def _request(self, i: int, request_id: str, ids: list[int], keys: dict[str, Any]) -> Request:
+        """Request `request_id` of prompt `i`; its checks' errors name the prompt."""
+        try:
+            return Request(request_id, ids, vocab_size=self.runner.vocab_size, **keys)
+        except ValueError as error:
+            raise ValueError(f"prompt {i}: {error}") from None
 
     def _check_fits(self, i: int, ids: list[int], params: SamplingParams) -> None:
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"prompt {i}: stop strings {list(params.stop)} need a tokenizer, "
+                             f"which this model lacks; use stop_token_ids")
         limit = self.runner.max_model_len
         if len(ids) >= limit:
             raise ValueError(f"prompt {i} has {len(ids)} tokens; the model's context is "
@@ -328,6 +390,23 @@ def _check_device_memory(config: KVCacheConfig, device: str) -> None:
         raise ValueError(f"a pool of {config.num_blocks} blocks needs {config.total_bytes} "
                          f"bytes of KV cache, more than the {limit} bytes of memory on "
                          f"{device}; lower num_blocks or kv_cache_memory_bytes")
+
+
+def _array_to_list(i: int, prompt: Any) -> Any:
+    """A 1-D integer numpy array or torch tensor as a list of ints; other values as given.
+    ValueError naming prompt `i` for an array of another shape or dtype."""
+    if isinstance(prompt, torch.Tensor):
+        shape, dtype = tuple(prompt.shape), prompt.dtype
+        integer = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    elif isinstance(prompt, np.ndarray):
+        shape, dtype = prompt.shape, prompt.dtype
+        integer = np.issubdtype(dtype, np.integer)
+    else:
+        return prompt
+    if len(shape) != 1 or not integer:
+        raise ValueError(f"prompt {i}: an array prompt must be 1-D integer token ids, got "
+                         f"shape {shape} and dtype {dtype}")
+    return prompt.tolist()
 
 
 def _per_prompt_params(params: SamplingParams | Sequence[SamplingParams] | None,

@@ -2,37 +2,85 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from hybridkv.kv_cache.checks import check_int
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick output tokens.
+    """How to pick output tokens and when to stop.
 
-    `temperature` 0 is greedy; above 0 samples from softmax(logits / T) with
-    a generator seeded by `seed` (per request: the same seed and prompt give
-    the same tokens). `ignore_eos` keeps generating past EOS.
+    `temperature` 0 is greedy (`top_p`, `top_k` and `seed` are then unused);
+    above 0 samples from softmax(logits / T), restricted to the `top_k` most
+    likely tokens (0 or -1: all) and to the smallest set whose probability
+    reaches `top_p`, with a generator seeded by `seed` (per request: the same
+    seed and prompt give the same tokens). `ignore_eos` keeps generating past
+    EOS. `stop`: strings that end the output (not included in the text; needs
+    a tokenizer); `stop_token_ids`: tokens that end it (kept in the output
+    ids). `n`: samples per prompt (`LLM.generate` returns n outputs per
+    prompt, consecutive; sample i uses seed `seed + i`). Bad values raise
+    ValueError naming the field.
     """
 
     max_tokens: int = 16
     temperature: float = 0.0
     seed: int | None = None
     ignore_eos: bool = False
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    n: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) \
-                or self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens must be an int >= 1, "
-                             f"got {self.max_tokens!r}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float) \
-                or not self.temperature >= 0 or self.temperature == float("inf"):
+        check_int("SamplingParams.max_tokens", self.max_tokens, 1)
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, "
                              f"got {self.temperature!r}")
-        if self.seed is not None and (isinstance(self.seed, bool)
-                                      or not isinstance(self.seed, int)):
-            raise ValueError(f"SamplingParams.seed must be an int or None, got {self.seed!r}")
+        if self.seed is not None:
+            check_int("SamplingParams.seed", self.seed, -(1 << 63), (1 << 64) - 1, " or None")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be a number in (0, 1], "
+                             f"got {self.top_p!r}")
+        check_int("SamplingParams.top_k", self.top_k, -1)
+        check_int("SamplingParams.n", self.n, 1)
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
+        object.__setattr__(self, "stop_token_ids", _stop_token_ids(self.stop_token_ids))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    items = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(items, Sequence) or not all(isinstance(s, str) and s for s in items):
+        raise ValueError(f"SamplingParams.stop must be a non-empty string or a list of them, "
+                         f"got {stop!r}")
+    return tuple(items)
+
+
+def _stop_token_ids(ids: object) -> tuple[int, ...]:
+    if not isinstance(ids, Sequence) or isinstance(ids, str) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise ValueError(f"SamplingParams.stop_token_ids must be a list of token ids >= 0, "
+                         f"got {ids!r}")
+    return tuple(ids)
+
+
+def find_stop_string(text: str, stop: Sequence[str]) -> tuple[int, str] | None:
+    """(position, string) of the stop string that occurs first in `text`, or None."""
+    best: tuple[int, str] | None = None
+    for s in stop:
+        pos = text.find(s)
+        if pos >= 0 and (best is None or pos < best[0]):
+            best = (pos, s)
+    return best
 
 
 @dataclass
@@ -58,8 +106,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
-    finish_reason: str | None = None  # "stop" (EOS) or "length" (max_tokens)
+    finish_reason: str | None = None  # "stop" (EOS, a stop string or token), "length", "abort"
     text: str | None = None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     metrics: RequestMetrics | None = None
     # of num_cached_tokens (every reused prompt token), those a KV store supplied
     num_external_cached_tokens: int = 0
@@ -81,8 +130,24 @@ class Sampler:
         if gen is None:
             seed = params.seed if params.seed is not None else self.default_seed + salt
             gen = self._generators[request_id] = torch.Generator().manual_seed(seed)
-        probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+        scaled = _top_k_top_p(logits.float() / params.temperature, params.top_k, params.top_p)
+        probs = torch.softmax(scaled, dim=-1)
         return int(torch.multinomial(probs, 1, generator=gen).item())
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """`logits` [vocab] with every token outside the top-k / top-p set at -inf."""
+    if 0 < top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p < 1:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass of the more likely tokens
+        drop = before >= top_p  # the most likely token is always kept (before = 0)
+        logits = logits.clone()
+        logits[order[drop]] = -math.inf
+    return logits

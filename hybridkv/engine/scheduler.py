@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hybridkv.engine.sampling import SamplingParams
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
 
@@ -31,6 +32,7 @@ class SeqState:
     num_cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
     num_external_cached_tokens: int = 0  # of those, reused because a KV store held them
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     num_preemptions: int = 0
     # time.perf_counter() at the generate() call, the first sampled token, the finish
     arrival_time: float = 0.0
@@ -80,8 +82,7 @@ class Scheduler:
                  max_num_batched_tokens: int = 2048, tier: KVTier | None = None) -> None:
         for name, value in (("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, value, 1)
         self.kv = kv_cache_manager
         self.tier = tier  # a KV store behind the pool: hits the pool lacks are imported
         self.max_num_seqs = max_num_seqs
@@ -171,3 +172,14 @@ class Scheduler:
         seq.finish_reason = reason
         self.running.remove(seq)
         self.kv.free(seq.request)
+
+    def abort(self, request_id: str) -> SeqState | None:
+        """Drop a waiting or running request, freeing its blocks; None if unknown."""
+        for queue in (self.waiting, self.running):
+            for seq in queue:
+                if seq.request_id == request_id:
+                    queue.remove(seq)
+                    seq.finish_reason = "abort"
+                    self.kv.free(seq.request)
+                    return seq
+        return None

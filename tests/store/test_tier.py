@@ -17,6 +17,9 @@ from hybridkv.store import CpuStore, StoreError
 from hybridkv.testing.oracles import cached_positions, hybrid_longest_reusable, oracle_for
 from tests.store.sim import SimEngine
 
+# tiny pools on purpose: the manager's hint that the pool is too small is expected
+pytestmark = pytest.mark.filterwarnings("ignore:prefix caching:RuntimeWarning")
+
 CONFIGS = {
     "full": [FullAttentionSpec(4)],
     "full+swa": [FullAttentionSpec(4), SlidingWindowSpec(4, sliding_window=10)],

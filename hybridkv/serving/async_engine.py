@@ -1,0 +1,286 @@
+"""The async front of the engine: many connections, one continuous batch.
+
+One dedicated thread owns the `LLM` and runs its loop: take new requests and
+aborts from a command queue, run one `LLM.step()`, hand every request's new
+tokens to the event loop (`loop.call_soon_threadsafe`, one call per step),
+publish the step's block events and update the metrics. The event loop never
+runs model code and never touches the `LLM`; it only queues commands and
+reads deltas from per-request asyncio queues.
+
+A request whose reader goes away (client disconnected, handler cancelled) is
+aborted: the engine thread frees its blocks before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridkv.engine.sampling import SamplingParams
+from hybridkv.engine.scheduler import SeqState
+from hybridkv.kv_cache.events import BlockEvent
+
+logger = logging.getLogger("hybridkv.serving")
+
+
+@dataclass
+class EngineRequest:
+    """One sequence to generate (an HTTP request with n choices sends n)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    stream: bool = True  # False: one delta at the finish (no wake-up per token)
+
+
+@dataclass
+class Delta:
+    """What one step added to choice `index` of an HTTP request."""
+
+    index: int
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: str | None = None  # the request was refused (a ValueError message) or failed
+    status: int = 400  # HTTP status of `error`: 400 refused, 500 engine failure
+
+
+@dataclass
+class _Live:
+    """Engine-thread bookkeeping of one running sequence."""
+
+    seq: SeqState
+    index: int
+    queue: asyncio.Queue
+    stream: bool
+    sent: int = 0  # output tokens seen (metrics)
+    delivered: int = 0  # output tokens handed to the reader
+    last_token_time: float | None = None
+
+
+class EngineDead(RuntimeError):
+    """The engine loop stopped after an internal error."""
+
+
+class AsyncEngine:
+    """Runs `llm` on a dedicated thread and streams tokens to asyncio readers.
+
+    `metrics` (ServerMetrics or None) and `on_events` (called on the engine
+    thread with each step's block events) are optional observers.
+    """
+
+    def __init__(self, llm: Any, *, metrics: Any = None,
+                 on_events: Callable[[list[BlockEvent]], None] | None = None) -> None:
+        self.llm = llm
+        self.metrics = metrics
+        self._on_events = on_events
+        self._events: list[BlockEvent] = []
+        if on_events is not None:
+            llm.kv.subscribe(self._events.append)
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: dict[str, _Live] = {}  # engine thread only
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.num_live = 0  # event loop side: sequences submitted and not yet done
+        self.error: BaseException | None = None
+
+    # ---- lifecycle (event loop) ----------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread; call from the event loop that will read results."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="hybridkv-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Abort what is still running and join the engine thread."""
+        if self._thread is None:
+            return
+        self._commands.put(("stop",))
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    # ---- requests (event loop) -----------------------------------------------
+
+    async def generate(self, requests: list[EngineRequest]) -> AsyncGenerator[Delta, None]:
+        """Deltas of all `requests` (tagged by their index) until each finishes.
+
+        A streamed request (`stream=True`) first gets an empty acceptance
+        delta, then one delta per step that sampled for it; a plain one gets
+        a single delta at its finish. A request the engine refuses gets one
+        delta with `error` set instead. Leaving the iteration early aborts
+        the unfinished requests.
+        """
+        if not self.is_running:
+            raise EngineDead(f"the engine is not running ({self.error!r})")
+        results: asyncio.Queue[Delta] = asyncio.Queue()
+        pending = {i: r.request_id for i, r in enumerate(requests)}
+        self.num_live += len(requests)
+        self._commands.put(("add", requests, results))
+        try:
+            if self.error is not None:  # died before it could see the command
+                raise EngineDead(f"the engine failed: {self.error!r}")
+            while pending:
+                delta = await results.get()
+                if delta.error is not None or delta.finish_reason is not None:
+                    pending.pop(delta.index, None)
+                    self.num_live -= 1
+                yield delta
+        finally:
+            if pending:
+                self.num_live -= len(pending)
+                self._commands.put(("abort", list(pending.values())))
+
+    # ---- the engine thread ---------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._take_commands(block=not self.llm.has_unfinished_requests()):
+                if self.llm.has_unfinished_requests():
+                    self.llm.step()
+                    self._deliver(self._collect_deltas())
+                self._after_step()
+        except BaseException as err:  # noqa: BLE001 - reported to every reader, then logged
+            self.error = err  # set before the queue is drained (see generate)
+            logger.exception("engine loop failed: %s", err)
+            self._fail_all(err)
+
+    def _take_commands(self, block: bool) -> bool:
+        """Apply queued commands (waiting for one if `block`); False to stop."""
+        try:
+            command = self._commands.get() if block else self._commands.get_nowait()
+        except queue.Empty:
+            return True
+        replies: list[tuple[asyncio.Queue, Delta]] = []
+        while True:
+            if command[0] == "stop":
+                replies += self._abort([*self._live], notify=True)
+                self._deliver(replies)
+                return False
+            if command[0] == "add":
+                self._add(command[1], command[2], replies)
+            else:
+                self._abort(command[1])
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+        self._deliver(replies)
+        self._after_step()
+        return True
+
+    def _add(self, requests: list[EngineRequest], results: asyncio.Queue,
+             replies: list[tuple[asyncio.Queue, Delta]]) -> None:
+        for index, r in enumerate(requests):
+            prompt = {"prompt_token_ids": r.prompt_token_ids, "cache_salt": r.cache_salt}
+            try:
+                seq = self.llm.add_request(prompt, r.params, request_id=r.request_id,
+                                           arrival_time=r.arrival_time)
+            except ValueError as err:
+                replies.append((results, Delta(index, [], error=str(err))))
+                continue
+            self._live[r.request_id] = _Live(seq, index, results, r.stream)
+            if r.stream:
+                replies.append((results, Delta(index, [],
+                                               num_prompt_tokens=len(r.prompt_token_ids))))
+
+    def _abort(self, request_ids: list[str], notify: bool = False
+               ) -> list[tuple[asyncio.Queue, Delta]]:
+        """Abort these requests; with `notify`, the finishing deltas for their readers."""
+        now = time.perf_counter()
+        replies = []
+        for rid in request_ids:
+            live = self._live.pop(rid, None)
+            if not self.llm.abort_request(rid) or live is None:
+                continue
+            if self.metrics is not None:
+                self.metrics.record_finish("abort", now - live.seq.arrival_time)
+            if notify:
+                seq = live.seq
+                replies.append((live.queue, Delta(
+                    live.index, seq.request.output_token_ids[live.delivered:], "abort", None,
+                    seq.request.num_prompt_tokens, max(seq.num_cached_tokens, 0))))
+        return replies
+
+    def _collect_deltas(self) -> list[tuple[asyncio.Queue, Delta]]:
+        """New tokens and finishes of every live sequence since the last step."""
+        now = time.perf_counter()
+        out = []
+        for rid, live in list(self._live.items()):
+            seq = live.seq
+            n = seq.num_output_tokens
+            if n == live.sent and seq.finish_reason is None:
+                continue
+            self._record_tokens(live, n - live.sent, now)
+            if not live.stream and seq.finish_reason is None:
+                live.sent = n  # counted; the tokens go out with the finish
+                continue
+            new = seq.request.all_token_ids[seq.request.num_prompt_tokens + live.delivered:]
+            live.sent = live.delivered = n
+            out.append((live.queue, Delta(live.index, new, seq.finish_reason, seq.stop_reason,
+                                          seq.request.num_prompt_tokens,
+                                          max(seq.num_cached_tokens, 0))))
+            if seq.finish_reason is not None:
+                del self._live[rid]
+                if self.metrics is not None:
+                    self.metrics.record_finish(seq.finish_reason, now - seq.arrival_time)
+        return out
+
+    def _record_tokens(self, live: _Live, num_new: int, now: float) -> None:
+        if self.metrics is None or num_new == 0:
+            return
+        if live.last_token_time is None:
+            self.metrics.record_first_token(now - live.seq.arrival_time)
+            self.metrics.record_tokens(num_new, None)
+        else:
+            self.metrics.record_tokens(num_new, (now - live.last_token_time) / num_new)
+        live.last_token_time = now
+
+    def _deliver(self, replies: list[tuple[asyncio.Queue, Delta]]) -> None:
+        if replies and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(_put_all, replies)
+
+    def _after_step(self) -> None:
+        if self.metrics is not None:
+            self.metrics.record_engine(self.llm)
+        if self._events and self._on_events is not None:
+            batch = self._events[:]
+            self._events.clear()
+            self._on_events(batch)
+
+    def _fail_all(self, err: BaseException) -> None:
+        """Answer every reader, present and queued, with the engine's failure."""
+        message = f"engine failed: {err!r}"
+        replies = [(live.queue, Delta(live.index, [], error=message, status=500))
+                   for live in self._live.values()]
+        self._live.clear()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if command[0] == "add":
+                replies += [(command[2], Delta(i, [], error=message, status=500))
+                            for i in range(len(command[1]))]
+        with contextlib.suppress(RuntimeError):
+            self._deliver(replies)
+
+
+def _put_all(replies: list[tuple[asyncio.Queue, Delta]]) -> None:
+    for results, delta in replies:
+        results.put_nowait(delta)

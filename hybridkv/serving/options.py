@@ -1,0 +1,51 @@
+"""Command-line options of `hybridkv serve` (no heavy imports: the CLI builds
+its parser before knowing which command runs)."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_MAX_QUEUE = 256
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+DEFAULT_DRAIN_SECONDS = 60.0
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the serve options to `parser` (MODEL plus server and engine options)."""
+    parser.add_argument("model", help="a preset name (hybridkv.models.list_presets()) or a "
+                                      "local checkpoint directory")
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on /v1/* and /tokenize")
+    server.add_argument("--served-model-name", default=None,
+                        help="the model id clients send (default: MODEL)")
+    server.add_argument("--events", default=None, metavar="URL",
+                        help="publish block events to this Redis (redis://host:port/db)")
+    server.add_argument("--instance-id", default=None,
+                        help="names this instance in --events (default: host:port)")
+    server.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                        help="sequences that may wait beyond --max-num-seqs before new "
+                             "requests get 429")
+    server.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="larger request bodies get 413")
+    server.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_SECONDS,
+                        help="seconds SIGTERM waits for in-flight requests")
+    server.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--kv-cache-bytes", default=None,
+                        help="KV cache budget, e.g. 64MiB (default 64MiB)")
+    engine.add_argument("--num-blocks", type=int, default=None,
+                        help="pool size in blocks (overrides --kv-cache-bytes)")
+    engine.add_argument("--block-size", type=int, default=16)
+    engine.add_argument("--max-num-seqs", type=int, default=32)
+    engine.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    engine.add_argument("--hash-algo", default="sha256", choices=["sha256", "xxhash"])
+    engine.add_argument("--eviction-policy", default="hybrid")
+    engine.add_argument("--no-prefix-caching", action="store_true",
+                        help="turn prefix caching off")
+    engine.add_argument("--seed", type=int, default=0,
+                        help="preset weights and the default sampling seed")
+    engine.add_argument("--threads", type=int, default=None, help="torch CPU threads")

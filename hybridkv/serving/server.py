@@ -1,0 +1,127 @@
+"""`hybridkv serve MODEL`: build the engine and the app, run uvicorn.
+
+SIGTERM or Ctrl-C: uvicorn stops accepting connections, waits for in-flight
+requests (at most `--drain-timeout` seconds), then the engine thread and the
+event publisher stop and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from typing import Any
+
+from hybridkv.serving.options import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE
+
+logger = logging.getLogger("hybridkv.serving")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("port", "max_queue", "max_body_bytes", "block_size", "max_num_seqs",
+                 "max_num_batched_tokens"):
+        value = getattr(args, name)
+        if value < (0 if name in ("port", "max_queue") else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= "
+                             f"{0 if name in ('port', 'max_queue') else 1}, got {value}")
+    if args.drain_timeout is not None and args.drain_timeout < 0:
+        raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    if args.events is not None and not args.events.startswith(("redis://", "rediss://",
+                                                                "unix://")):
+        raise ValueError(f"--events {args.events!r} is not a Redis URL (redis://host:port/db)")
+
+
+def _kv_cache_bytes(text: str | None) -> int | None:
+    if text is None:
+        return None
+    from hybridkv.tools.simulate import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError:
+        raise ValueError(f"--kv-cache-bytes {text!r} is not a size like 64MiB") from None
+
+
+def build_llm(args: argparse.Namespace) -> Any:
+    """The engine the options describe."""
+    import torch
+
+    from hybridkv.engine.llm import LLM
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    llm = LLM(args.model, enable_prefix_caching=not args.no_prefix_caching,
+               block_size=args.block_size, num_blocks=args.num_blocks,
+               kv_cache_memory_bytes=_kv_cache_bytes(args.kv_cache_bytes),
+               max_num_seqs=args.max_num_seqs,
+               max_num_batched_tokens=args.max_num_batched_tokens,
+               hash_algo=args.hash_algo, eviction_policy=args.eviction_policy, seed=args.seed)
+    warm_up(llm)
+    return llm
+
+
+def warm_up(llm: Any) -> None:
+    """One tiny request before serving, so the first client does not pay for the
+    first forward's set-up. Shorter than a block: nothing enters the prefix cache."""
+    from hybridkv.engine.sampling import SamplingParams
+
+    prompt = list(range(1, max(1, min(4, llm.kv.hash_block_size - 1)) + 1))
+    llm.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))
+
+
+def build_state(llm: Any, *, model_name: str, instance_id: str, base_url: str,
+                api_key: str | None = None, events_url: str | None = None,
+                max_queue: int = DEFAULT_MAX_QUEUE,
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Any:
+    """Engine front, metrics, publisher and routes' state around `llm`."""
+    from hybridkv.serving.app import ServerState
+    from hybridkv.serving.async_engine import AsyncEngine
+    from hybridkv.serving.completions import CompletionService
+    from hybridkv.serving.event_publisher import EventPublisher
+    from hybridkv.serving.layout import kv_cache_layout
+    from hybridkv.serving.metrics import ServerMetrics
+    from hybridkv.serving.prompts import PromptBuilder
+
+    layout = kv_cache_layout(llm, model_name, instance_id)
+    metrics = ServerMetrics(model_name, llm)
+    publisher = None
+    if events_url is not None:
+        publisher = EventPublisher(events_url, instance_id, {**layout, "url": base_url},
+                                   on_published=lambda ok, lost: metrics.record_events(ok, lost))
+    engine = AsyncEngine(llm, metrics=metrics,
+                         on_events=publisher.publish if publisher is not None else None)
+    prompts = PromptBuilder(llm.tokenizer, llm.runner.vocab_size, llm.runner.max_model_len)
+    service = CompletionService(engine, prompts, model_name,
+                                max_live=llm.scheduler.max_num_seqs + max_queue, metrics=metrics)
+    return ServerState(engine=engine, service=service, prompts=prompts, metrics=metrics,
+                       model_name=model_name, layout=layout, api_key=api_key,
+                       max_body_bytes=max_body_bytes, publisher=publisher)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM / SIGINT; returns the exit code. ValueError for bad options."""
+    _check_args(args)
+    import uvicorn
+
+    from hybridkv.serving.app import build_app
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    llm = build_llm(args)
+    model_name = args.served_model_name or args.model
+    instance_id = args.instance_id or f"{args.host}:{args.port}"
+    state = build_state(llm, model_name=model_name, instance_id=instance_id,
+                        base_url=f"http://{args.host}:{args.port}", api_key=args.api_key,
+                        events_url=args.events, max_queue=args.max_queue,
+                        max_body_bytes=args.max_body_bytes)
+    config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
+                            log_level=args.log_level, access_log=False,
+                            timeout_graceful_shutdown=args.drain_timeout)
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal that stopped it once it has drained; after a clean
+    # drain the process should exit 0, so the handlers it restores do nothing
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    logger.info("stopped")
+    return 0 if server.started else 1
