@@ -7,10 +7,10 @@ later process reads; the files are in the page cache, so this measures the
 store's own overhead: opens, reads, index), files written, and the time to
 open the directory (indexing every object).
 
-    python benchmarks/bench_file_store.py --out /tmp/store-bench
-        [--block-bytes 131072] [--objects 1,4,16,64,256] [--chains 32 --chain-blocks 128]
+    python benchmarks/bench_file_store.py [--out DIR] [--quick]
+        [--block-bytes 131072] [--objects 1,4,16,64,256] [--chains 32 --chain-blocks 64]
 
-Object sizes are given in blocks per object. Results: `file_store.json` in `--out`.
+Object sizes are given in blocks per object. Writes DIR/file_store.json.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import statistics
 import tempfile
 import time
 
-from common import write_result
+from common import add_common_args, prepare_out, write_result
 
 from hybridkv.store.file import FileStore
 
@@ -72,9 +72,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--chain-blocks", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8, help="blocks per put (a write-behind batch)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default="hybridkv-bench-output")
+    add_common_args(ap)
     args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    prepare_out(args.out)
+    if args.quick:
+        args.objects, args.chains, args.chain_blocks, args.repeats = "1,16", 4, 8, 1
     keys, payload = chains(args.chains, args.chain_blocks, args.block_bytes)
     rows = []
     for _ in range(args.repeats):
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         mine = [r for r in rows if r["object_blocks"] == n]
         summary[n] = {k: statistics.median(r[k] for r in mine) for k in mine[0]}
     result = {"args": vars(args), "rows": rows, "summary": summary}
-    print("wrote", write_result("file_store", result, os.path.join(args.out, "file_store.json")))
+    print("wrote", write_result("file_store", result, args.out))
     return result
 
 

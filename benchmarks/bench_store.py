@@ -18,8 +18,7 @@ one MGET: what the store does, without checks or copies) and `redis-benchmark`
 
 Without `--config-overrides` the model is Gemma 3 1B's proportions at a quarter of its
 width (`SMALL_DIMS`). Redis: `--redis-url`, else a redis-server started on a free
-loopback port for the run. Results: `store_ttft.json` in `--out` (default
-`./hybridkv-bench-output`).
+loopback port for the run. Writes DIR/store_ttft.json (`--out DIR`).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import time
 
 import torch
 from bench_engine import build_model, make_workload
-from common import write_result
+from common import add_common_args, prepare_out, write_result
 from store_ceilings import memcpy_bytes_per_s, redis_bytes_per_s, start_redis
 
 from hybridkv import LLM, SamplingParams
@@ -141,24 +140,26 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="hybridkv-bench-output")
+    add_common_args(ap)
     args = ap.parse_args(argv)
+    prepare_out(args.out)
     args.config_overrides = args.config_overrides or json.dumps(SMALL_DIMS)
+    if args.quick:  # a tiny model and document: checks the script runs
+        args.config_overrides = json.dumps({})
+        args.doc_len, args.repeats, args.miss_repeats, args.kv_cache_bytes = 256, 1, 1, 16 << 20
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     server = None
     if "redis" in args.backends and args.redis_url is None:
         server = start_redis()
         args.redis_url = server.url
-    os.makedirs(args.out, exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix="store-bench-", dir=args.out)
+    workdir = tempfile.mkdtemp(prefix="store-bench-", dir=os.path.abspath(args.out))
     try:
         result = run(args, workdir)
     finally:
         if server is not None:
             server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    path = write_result("store_ttft", result, os.path.join(args.out, "store_ttft.json"))
-    print("wrote", path)
+    print("wrote", write_result("store_ttft", result, args.out))
     return result
 
 
