@@ -1,0 +1,1 @@
+"""Serving on top of the engine: the HTTP server and the router."""
