@@ -78,8 +78,8 @@ class Instance:
         return self.kv.get_computed_blocks(Request("probe", prompt, cache_salt=salt))[1]
 
 
-def new_index(config: KVCacheConfig, hash_algo: str = "sha256") -> PrefixIndex:
-    return PrefixIndex(CacheLayout.from_config(config, hash_algo))
+def new_index(config: KVCacheConfig, hash_algo: str = "sha256", width: int = 64) -> PrefixIndex:
+    return PrefixIndex(CacheLayout.from_config(config, hash_algo), width=width)
 
 
 class PromptSource:

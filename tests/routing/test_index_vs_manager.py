@@ -17,6 +17,7 @@ from hybridkv.kv_cache.specs import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
+from hybridkv.serving.router import rules
 from hybridkv.testing.fuzz import CONFIGS
 from hybridkv.testing.oracles import cached_positions
 
@@ -52,14 +53,18 @@ def _check_lookups(index, instances, source, rng, hash_algo, salts) -> int:
 
 @pytest.mark.parametrize("policy", ["hybrid", "lru"])
 @pytest.mark.parametrize("name", sorted(ALL_CONFIGS))
-def test_lookup_equals_get_computed_blocks(name, policy):
+def test_lookup_equals_get_computed_blocks(name, policy, monkeypatch):
+    """Random cache states; also with windows and chunks always checked by their
+    whole answer (DIRECT_BUDGET 0) and with 2-bit fields the index must widen."""
     rng = random.Random(zlib.crc32(f"{name}-{policy}".encode()))
+    if policy == "lru":
+        monkeypatch.setattr(rules, "DIRECT_BUDGET", 0)
     specs = ALL_CONFIGS[name]
     hash_algo = rng.choice(["sha256", "xxhash"])
     source = PromptSource(rng)
     num_blocks = pool_for(specs, source.max_prompt + MAX_TOKENS, rng.uniform(1.1, 2.5))
     config = make_config(specs, num_blocks)
-    index = new_index(config, hash_algo)
+    index = new_index(config, hash_algo, width=rng.choice([2, 64]))
     instances = [Instance(f"i{k}", config, index, eviction_policy=policy,
                           hash_algo=hash_algo) for k in range(3)]
     salts = [None, None, "tenant-a"]

@@ -1,0 +1,93 @@
+"""Routing policies: which instance serves a request.
+
+Every policy sees, per eligible instance (healthy, same model), the prompt
+tokens it could reuse, the full-attention chain it caches, and its load:
+
+- `hybrid-prefix` (default): the least estimated work before the first token,
+  `(prompt tokens - reusable tokens) + balance * pending_tokens`, where
+  reusable tokens follow every group's reuse rule (windows, Mamba states,
+  chunks) and `pending_tokens` are the prompt tokens the instance still has
+  to compute for requests already sent to it (its queue and its running
+  prefills). `balance` is the one knob (default 1.0: a queued token costs
+  what a recomputed one does); 0 routes by cache alone, large values
+  approach least-loaded.
+- `prefix`: the longest cached full-attention chain (what routers that match
+  one hash chain see), ties to the least loaded; no other load term.
+- `least-loaded`: the fewest requests in flight, then the fewest pending tokens.
+- `round-robin`: each eligible instance in turn.
+
+Ties go to the instance with fewer requests in flight (sent by this router),
+then round-robin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+POLICIES = ("hybrid-prefix", "prefix", "least-loaded", "round-robin")
+DEFAULT_POLICY = "hybrid-prefix"
+DEFAULT_BALANCE = 1.0
+
+
+def check_policy(name: object) -> str:
+    if name not in POLICIES:
+        raise ValueError(f"routing policy {name!r} is unknown; use one of {', '.join(POLICIES)}")
+    return name  # type: ignore[return-value]
+
+
+def check_balance(balance: object) -> float:
+    if isinstance(balance, bool) or not isinstance(balance, int | float) or not balance >= 0:
+        raise ValueError(f"balance must be a number >= 0, got {balance!r}")
+    return float(balance)
+
+
+@dataclass
+class Load:
+    """What an instance has in hand, as the router knows it.
+
+    `in_flight`: requests sent and not finished; `pending_tokens`: prompt
+    tokens of those requests not yet computed (estimated when routed,
+    cleared at the first token); `waiting`/`running`: the instance's own
+    counts from its metrics, when polled.
+    """
+
+    in_flight: int = 0
+    pending_tokens: int = 0
+    waiting: int = 0
+    running: int = 0
+
+    @property
+    def num_requests(self) -> int:
+        """Requests in hand: the router's own count, or the instance's if larger."""
+        return max(self.in_flight, self.waiting + self.running)
+
+
+def choose(policy: str, slots: list[int], loads: list[Load], credit: list[tuple[int, int]],
+           balance: float, turn: int) -> int:
+    """The position in `slots` (non-empty) to route to.
+
+    `loads[i]` is the load of `slots[i]`; `credit` lists (position, tokens):
+    the reusable tokens (`hybrid-prefix`) or chain tokens (`prefix`) of the
+    positions that have any.
+    """
+    if policy == "round-robin":
+        return turn % len(slots)
+    costs: list[Any]
+    if policy == "least-loaded":
+        costs = [(ld.num_requests, ld.pending_tokens) for ld in loads]
+    elif policy == "prefix":
+        costs = [0] * len(slots)
+        for i, tokens in credit:
+            costs[i] = -tokens
+    else:
+        costs = [balance * ld.pending_tokens for ld in loads]
+        for i, tokens in credit:
+            costs[i] -= tokens
+    best = min(costs)
+    if costs.count(best) == 1:
+        return costs.index(best)
+    ties = [i for i, c in enumerate(costs) if c == best]
+    fewest = min([loads[i].in_flight for i in ties])
+    ties = [i for i in ties if loads[i].in_flight == fewest]
+    return ties[turn % len(ties)]
