@@ -157,7 +157,13 @@ def simulate(layout: dict, budget: int, trace, **kwargs) -> SimResult:
 
 
 def run_simulate(args) -> int:
-    """The `hybridkv simulate` command."""
+    """The `hybridkv simulate` command (a cluster of instances with --instances)."""
+    if getattr(args, "instances", None) is not None:
+        from hybridkv.tools.cluster_report import run_cluster
+
+        return run_cluster(args)
+    if not args.model or not args.memory:
+        raise ValueError("--model and --memory are required (or --instances N for a cluster)")
     from hybridkv.models.layouts import model_layout
 
     budget = parse_bytes(args.memory)

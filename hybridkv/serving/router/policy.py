@@ -8,11 +8,15 @@ tokens it could reuse, the full-attention chain it caches, and its load:
   reusable tokens follow every group's reuse rule (windows, Mamba states,
   chunks) and `pending_tokens` are the prompt tokens the instance still has
   to compute for requests already sent to it (its queue and its running
-  prefills). `balance` is the one knob (default 1.0: a queued token costs
-  what a recomputed one does); 0 routes by cache alone, large values
-  approach least-loaded.
+  prefills). `balance` is the one knob (default 0.5: a queued token costs
+  half a recomputed one, since a prefix computed twice also takes pool space
+  from other prefixes); 0 routes by cache alone, large values approach
+  least-loaded.
 - `prefix`: the longest cached full-attention chain (what routers that match
   one hash chain see), ties to the least loaded; no other load term.
+- `prefix-balanced`: as `hybrid-prefix` but crediting the full-attention
+  chain instead of the reusable tokens (a chain-matching router with a load
+  term; it shows what hybrid awareness alone adds).
 - `least-loaded`: the fewest requests in flight, then the fewest pending tokens.
 - `round-robin`: each eligible instance in turn.
 
@@ -25,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-POLICIES = ("hybrid-prefix", "prefix", "least-loaded", "round-robin")
+POLICIES = ("hybrid-prefix", "prefix", "prefix-balanced", "least-loaded", "round-robin")
 DEFAULT_POLICY = "hybrid-prefix"
-DEFAULT_BALANCE = 1.0
+DEFAULT_BALANCE = 0.5
 
 
 def check_policy(name: object) -> str:

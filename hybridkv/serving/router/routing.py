@@ -170,7 +170,7 @@ class Router:
         """The best backend of one index: (cost, backend, reusable or chain tokens)."""
         index = group.index
         credit: list[tuple[int, int]] = []
-        if self.policy in ("hybrid-prefix", "prefix"):
+        if self.policy in ("hybrid-prefix", "prefix", "prefix-balanced"):
             hashes = compute_block_hashes(token_ids, index.hash_block_size,
                                           hash_algo=index.layout.hash_algo,
                                           cache_salt=cache_salt, lora_name=lora_name)
@@ -186,7 +186,7 @@ class Router:
 
     def _cost(self, num_tokens: int, tokens: int, load: Load) -> float:
         """Comparable across indexes (several layouts serve one model)."""
-        if self.policy == "hybrid-prefix":
+        if self.policy in ("hybrid-prefix", "prefix-balanced"):
             return num_tokens - tokens + self.balance * load.pending_tokens
         if self.policy == "prefix":
             return -tokens
