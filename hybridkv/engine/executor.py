@@ -21,7 +21,6 @@ from hybridkv.engine.scheduler import ScheduledSeq
 from hybridkv.kernels.attention import AttentionBatch
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
-from hybridkv.kv_cache.managers.mamba import mamba_state_plan
 from hybridkv.kv_cache.specs import AttentionSpec, MambaSpec
 from hybridkv.models.mamba_batch import MambaBatch
 
@@ -95,8 +94,7 @@ class ModelExecutor:
                                              plans)
                 attn.update(dict.fromkeys(names, meta))
             elif isinstance(spec, MambaSpec):
-                mb = self._mamba_batch(batch, [g.ids for g in ids], spec.block_size,
-                                       step.starts, kv.null_block_id)
+                mb = self._mamba_batch(batch, [g.ids for g in ids], gid, step.starts, kv)
                 mamba.update(dict.fromkeys(names, mb))
         logits_indices = torch.tensor([step.starts[i + 1] - 1 for i, item in enumerate(batch)
                                        if item.samples], dtype=torch.long, device=self.device)
@@ -151,10 +149,10 @@ class ModelExecutor:
         )
 
     @staticmethod
-    def _mamba_batch(batch: Sequence[ScheduledSeq], ids: list[list[int]], block_size: int,
-                     starts: list[int], null_block_id: int) -> MambaBatch:
-        plans = [mamba_state_plan(row, item.num_computed, item.num_new, block_size,
-                                  null_block_id) for item, row in zip(batch, ids)]
+    def _mamba_batch(batch: Sequence[ScheduledSeq], ids: list[list[int]], group_id: int,
+                     starts: list[int], kv: KVCacheManager) -> MambaBatch:
+        plans = [kv.mamba_state_plan(group_id, row, item.num_computed, item.num_new)
+                 for item, row in zip(batch, ids)]
         return MambaBatch(
             query_start_loc=list(starts),
             live_blocks=[p.live_block_id for p in plans],

@@ -11,10 +11,12 @@ from typing import Any
 
 import torch
 
+from hybridkv.engine.chat import render_conversations
 from hybridkv.engine.executor import ModelExecutor
 from hybridkv.engine.sampling import RequestMetrics, RequestOutput, Sampler, SamplingParams
 from hybridkv.engine.scheduler import ScheduledSeq, Scheduler, SeqState
-from hybridkv.kv_cache.hashing import max_token_id
+from hybridkv.engine.tokenizer import load_tokenizer
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
@@ -51,6 +53,11 @@ class LLM:
     The pool is sized by `num_blocks`, else by `kv_cache_memory_bytes`
     (default 64 MiB). Errors in the model or the sizes raise ValueError /
     FileNotFoundError before anything is allocated.
+
+    `tokenizer` (a `transformers` tokenizer or a directory of tokenizer
+    files) makes string prompts and `chat` work; without it a preset uses its
+    built-in tokenizer, a checkpoint directory its own tokenizer files, and a
+    model object none (`self.tokenizer` is then None).
     """
 
     def __init__(self, model: Any, *, enable_prefix_caching: bool = True, block_size: int = 16,
@@ -58,8 +65,9 @@ class LLM:
                  device: str = "cpu", dtype: Any = None, seed: int = 0,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  hash_algo: str = "sha256", eviction_policy: str = "hybrid",
-                 poison_kv_cache: bool = False) -> None:
+                 poison_kv_cache: bool = False, tokenizer: Any = None) -> None:
         self.runner = load_model(model, dtype=dtype, seed=seed)
+        self.tokenizer = load_tokenizer(model, tokenizer)
         if device != "cpu":
             self.runner.model.to(device)
         self.config = self._kv_cache_config(block_size, num_blocks, kv_cache_memory_bytes)
@@ -72,19 +80,16 @@ class LLM:
         if poison_kv_cache:
             self.kv.on_stale_blocks(self.executor.poison_blocks)
         self.sampler = Sampler(seed)
-        self.tokenizer = _load_tokenizer(model)
         self._counter = 0
 
     def _kv_cache_config(self, block_size: int, num_blocks: int | None,
                          budget: int | None) -> KVCacheConfig:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        check_int("block_size", block_size, 1)
         specs = self.runner.kv_cache_specs(block_size)
         if num_blocks is None:
             return KVCacheConfig.from_layer_specs(
                 specs, DEFAULT_KV_CACHE_BYTES if budget is None else budget)
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
-            raise ValueError(f"num_blocks must be an int >= 2, got {num_blocks!r}")
+        check_int("num_blocks", num_blocks, 2)
         layout = KVCacheConfig.from_layer_specs(specs, 1 << 40)
         return dataclasses.replace(layout, num_blocks=num_blocks)
 
@@ -121,6 +126,19 @@ class LLM:
         if progress is not None:
             progress.close()
         return [self._output(seq) for seq in seqs]
+
+    def chat(self, messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             *, add_generation_prompt: bool = True, use_tqdm: bool = False
+             ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of `{"role", "content"}`
+        messages) or a list of them, rendered with the tokenizer's chat template
+        (`hybridkv.engine.chat.render_chat`). ValueError naming the conversation
+        and message for a bad message, or when there is no tokenizer or template.
+        """
+        prompts = render_conversations(self.tokenizer, messages,
+                                       add_generation_prompt=add_generation_prompt)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def step(self) -> int:
         """Schedule and run one step; return how many requests finished."""
@@ -171,7 +189,7 @@ class LLM:
             out.metrics = RequestMetrics(seq.arrival_time, seq.first_token_time,
                                          seq.finished_time)
         if self.tokenizer is not None:
-            out.text = self.tokenizer.decode(out.output_token_ids)
+            out.text = self.tokenizer.decode(out.output_token_ids, skip_special_tokens=True)
         return out
 
     # ---- validation ----------------------------------------------------------
@@ -181,14 +199,13 @@ class LLM:
         if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
             raise ValueError("prompts must be a non-empty list of token-id lists or strings")
         per_prompt = _per_prompt_params(params, len(prompts))
-        seqs = []
         parts = [self._prompt_parts(i, prompt) for i, prompt in enumerate(prompts)]
-        for i, ((ids, _), p) in enumerate(zip(parts, per_prompt)):
-            self._check_fits(i, ids, p)
-        for i, ((ids, keys), p) in enumerate(zip(parts, per_prompt)):
-            self._counter += 1
-            seqs.append(SeqState(Request(f"req-{self._counter}", ids, **keys), p, i))
-        return seqs
+        requests = [self._request(i, self._counter + 1 + i, ids, keys)
+                    for i, (ids, keys) in enumerate(parts)]
+        for i, (req, p) in enumerate(zip(requests, per_prompt)):
+            self._check_fits(i, req.all_token_ids, p)
+        self._counter += len(requests)
+        return [SeqState(req, p, i) for i, (req, p) in enumerate(zip(requests, per_prompt))]
 
     def _prompt_parts(self, i: int, prompt: Any) -> tuple[list[int], dict[str, Any]]:
         """Token ids of prompt `i` and the cache keys a dict prompt carries."""
@@ -212,21 +229,17 @@ class LLM:
             if self.tokenizer is None:
                 raise ValueError(f"prompt {i} is a string but this model has no tokenizer; "
                                  f"pass token ids")
-            return list(self.tokenizer.encode(prompt))
+            prompt = list(self.tokenizer.encode(prompt))
         if not isinstance(prompt, Sequence) or len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty or not a list of token ids")
-        vocab = self.runner.vocab_size
-        ids = list(prompt)
-        try:  # ints in [0, 2**32), checked in C when built, then below the vocabulary size
-            in_range = max_token_id(ids) < vocab
-        except ValueError:
-            in_range = False
-        if not in_range:
-            bad = next(t for t in ids if isinstance(t, bool) or not isinstance(t, int)
-                       or not 0 <= t < vocab)
-            raise ValueError(f"prompt {i}: token id {bad!r} is outside the vocabulary "
-                             f"[0, {vocab})")
-        return ids
+        return list(prompt)  # the ids are checked by Request, against the vocabulary
+
+    def _request(self, i: int, number: int, ids: list[int], keys: dict[str, Any]) -> Request:
+        """Request `req-<number>` of prompt `i`; its checks' errors name the prompt."""
+        try:
+            return Request(f"req-{number}", ids, vocab_size=self.runner.vocab_size, **keys)
+        except ValueError as error:
+            raise ValueError(f"prompt {i}: {error}") from None
 
     def _check_fits(self, i: int, ids: list[int], params: SamplingParams) -> None:
         limit = self.runner.max_model_len
@@ -275,18 +288,6 @@ def _per_prompt_params(params: SamplingParams | Sequence[SamplingParams] | None,
     if len(params) != n or not all(isinstance(p, SamplingParams) for p in params):
         raise ValueError(f"sampling_params must be one SamplingParams or one per prompt ({n})")
     return list(params)
-
-
-def _load_tokenizer(model: Any):
-    """The tokenizer of a local checkpoint directory, if it has one."""
-    if not isinstance(model, str | os.PathLike) or not os.path.isdir(model):
-        return None
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(model, local_files_only=True)
-    except (OSError, ValueError):
-        return None
 
 
 def _progress(total: int, enabled: bool):

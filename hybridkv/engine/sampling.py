@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybridkv.kv_cache.checks import check_int
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -22,17 +24,13 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) \
-                or self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens must be an int >= 1, "
-                             f"got {self.max_tokens!r}")
+        check_int("SamplingParams.max_tokens", self.max_tokens, 1)
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float) \
                 or not self.temperature >= 0 or self.temperature == float("inf"):
             raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, "
                              f"got {self.temperature!r}")
-        if self.seed is not None and (isinstance(self.seed, bool)
-                                      or not isinstance(self.seed, int)):
-            raise ValueError(f"SamplingParams.seed must be an int or None, got {self.seed!r}")
+        if self.seed is not None:
+            check_int("SamplingParams.seed", self.seed, note=" or None")
 
 
 @dataclass

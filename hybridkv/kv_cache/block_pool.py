@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.events import (
     AllBlocksCleared,
     BlockEvent,
@@ -24,12 +25,12 @@ from hybridkv.kv_cache.events import (
     BlockStored,
     EventSubscriber,
 )
-from hybridkv.kv_cache.eviction.policy import EvictionPolicy, make_eviction_policy
-
-# Block.value_hint: no likely future hit needs the block / no opinion / a hit at a
-# junction (where requests sharing a prefix diverge) needs it / a running request
-# still holds the prefix a hit would need it with (rated again when it ends)
-LOW_VALUE, NORMAL_VALUE, JUNCTION, PROTECTED = -1, 0, 1, 2
+from hybridkv.kv_cache.eviction import (
+    NORMAL_VALUE,
+    EvictionPolicy,
+    Rating,
+    make_eviction_policy,
+)
 
 
 class Block:
@@ -44,10 +45,9 @@ class Block:
         self.block_hash: bytes | None = None
         self.group_id = -1
         # eviction hints: prefix hits on the data since it was stored, and how the group
-        # that released it rates its reuse (LOW_VALUE, NORMAL_VALUE, JUNCTION or
-        # PROTECTED); policies may use or ignore them
+        # that released it rates its reuse; policies may use or ignore them
         self.num_hits = 0
-        self.value_hint = NORMAL_VALUE
+        self.value_hint: Rating = NORMAL_VALUE
         self.queue_slot = -1  # for the eviction policy's own use (e.g. a tier)
 
     def __repr__(self) -> str:
@@ -66,9 +66,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, num_groups: int = 1, *,
                  eviction_policy: str = "lru") -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
-            raise ValueError(f"num_blocks must be an int >= 2 (the null block plus one), "
-                             f"got {num_blocks!r}")
+        check_int("num_blocks", num_blocks, 2, note=" (the null block plus one)")
         self.num_blocks = num_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.null_block = self.blocks[0]
@@ -96,6 +94,11 @@ class BlockPool:
         """The block caching `block_hash` for `group_id`, or None."""
         return self.cached[group_id].get(block_hash)
 
+    def cached_block_getter(self, group_id: int) -> Callable[[bytes], Block | None]:
+        """`get_cached_block` for one group as a plain function of the hash (for
+        hit searches that look up many hashes; valid for the pool's life)."""
+        return self.cached[group_id].get
+
     # ---- mutations -----------------------------------------------------------
 
     def get_new_blocks(self, num_blocks: int) -> list[Block]:
@@ -108,20 +111,12 @@ class BlockPool:
                              f"{len(self.free_queue)} are free")
         blocks = self.free_queue.take(num_blocks)
         assert len(blocks) == num_blocks, "the eviction policy returned too few blocks"
-        cached, evictions, subscribers = self.cached, self.group_evictions, self._subscribers
-        normal, evicted = NORMAL_VALUE, 0
+        evictions, normal, evicted = self.group_evictions, NORMAL_VALUE, 0
         for block in blocks:
-            block_hash = block.block_hash
-            if block_hash is not None:
-                group_id = block.group_id
-                evictions[group_id] += 1
+            if block.block_hash is not None:
+                evictions[block.group_id] += 1
                 evicted += 1
-                if subscribers:
-                    self._drop_hash(block)
-                else:
-                    del cached[group_id][block_hash]
-                    block.block_hash = None
-                    block.group_id = -1
+                self._drop_hash(block)
             block.ref_cnt = 1
             block.num_hits = 0
             block.value_hint = normal
@@ -177,39 +172,39 @@ class BlockPool:
         """Make `block` findable by (`group_id`, `block_hash`).
 
         Returns False (and leaves the block uncached) when another block
-        already caches that hash, or the block already caches data.
+        already caches that hash, or the block already caches other data.
         """
         if block.block_hash is not None:
             return block.block_hash == block_hash and block.group_id == group_id
-        table = self.cached[group_id]
-        cached = table.get(block_hash)
-        if cached is not None:
-            self._note_recompute(cached)
-            return False
-        block.block_hash = block_hash
-        block.group_id = group_id
-        table[block_hash] = block
-        if self._subscribers:
-            self._emit(BlockStored(block_hash, group_id, block.block_id))
-        return True
+        return self.cache_blocks((block,), (block_hash,), 0, 1, group_id) == 1
 
     def cache_blocks(self, blocks: Sequence[Block], block_hashes: Sequence[bytes], start: int,
-                     end: int, group_id: int) -> None:
-        """`cache_block(blocks[i], block_hashes[i], group_id)` for i in start..end-1,
-        skipping the null block."""
+                     end: int, group_id: int) -> int:
+        """Make `blocks[i]` findable by (`group_id`, `block_hashes[i]`) for i in
+        start..end-1; return how many became findable.
+
+        Skipped: the null block, blocks already caching data, and blocks whose
+        hash another block caches already (that one counts a use: the request
+        recomputed data the cache held).
+        """
         table = self.cached[group_id]
-        null = self.null_block
+        null, subscribers, stored = self.null_block, self._subscribers, 0
         for i in range(start, end):
             block = blocks[i]
-            if block is null:
+            if block is null or block.block_hash is not None:
                 continue
             block_hash = block_hashes[i]
-            if block.block_hash is not None or block_hash in table or self._subscribers:
-                self.cache_block(block, block_hash, group_id)
+            cached = table.get(block_hash)
+            if cached is not None:
+                self._note_recompute(cached)
                 continue
             block.block_hash = block_hash
             block.group_id = group_id
             table[block_hash] = block
+            stored += 1
+            if subscribers:
+                self._emit(BlockStored(block_hash, group_id, block.block_id))
+        return stored
 
     def _note_recompute(self, block: Block) -> None:
         """A request computed data this block already caches (its hit stopped
@@ -226,10 +221,7 @@ class BlockPool:
         """
         ids = list(block_ids)
         for block_id in ids:
-            if isinstance(block_id, bool) or not isinstance(block_id, int) \
-                    or not 0 <= block_id < self.num_blocks:
-                raise ValueError(f"evict_blocks: block id {block_id!r} is not in "
-                                 f"[0, {self.num_blocks})")
+            check_int("evict_blocks: a block id", block_id, 0, self.num_blocks - 1)
         dropped = 0
         for block_id in ids:
             block = self.blocks[block_id]

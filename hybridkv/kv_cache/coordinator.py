@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from hybridkv.kv_cache.block_pool import Block, BlockPool
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.managers import SingleTypeManager, manager_class_for
+from hybridkv.kv_cache.managers.base import UNLIMITED
 from hybridkv.kv_cache.request import Request
 
 GroupBlocks = tuple[list[Block], ...]
+
+
+class CacheHit(NamedTuple):
+    """What `HybridCoordinator.find_longest_cache_hit` found."""
+
+    blocks: GroupBlocks  # per group, the blocks of the first `length` tokens
+    length: int  # tokens every group can reuse
+    matched: int  # tokens the full-attention groups alone matched: the junction
+    group_lengths: list[int]  # per group, what its own first search found (for stats)
 
 
 class HybridCoordinator:
@@ -36,21 +47,18 @@ class HybridCoordinator:
         ]
         # full attention first: any prefix of its hit is a hit, so it is looked up once
         self._full_ids = [i for i, m in enumerate(self.managers) if m.downward_closed]
-        # per group, the length its own search found at the last lookup's first pass
-        # (for stats: what that group alone could reuse up to the full-attention match)
-        self.group_first_pass = [0] * len(self.managers)
         self._other_ids = [i for i, m in enumerate(self.managers) if not m.downward_closed]
         # groups whose prepare() without a hit releases skipped blocks
         self._skipping = [m for m in self.managers if m.skips]
 
     # ---- the hybrid algorithm ------------------------------------------------
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
-                               max_length: int) -> tuple[GroupBlocks, int, int]:
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int) -> CacheHit:
         """Blocks of every group for the longest length all groups can reuse.
 
-        Returns (blocks per group, that length, the length the full-attention
-        groups alone matched: where this prompt diverges from the cache).
+        Also returns the length the full-attention groups alone matched (where
+        this prompt diverges from the cache) and, per group, the length its own
+        first search found (what that group alone could reuse up to that match).
 
         The answer is the largest L <= `max_length`, multiple of the alignment,
         that every group accepts. Each group shrinks L to its own longest
@@ -67,7 +75,7 @@ class HybridCoordinator:
         align = self.alignment
         length = max_length // align * align
         hits: dict[int, list[Block]] = {}
-        first_pass = self.group_first_pass
+        first_pass = [0] * len(self.managers)
         for i in self._full_ids:  # looked up once, trimmed at the end
             hit = self.managers[i].find_longest_cache_hit(block_hashes, length)
             hits[i] = hit
@@ -91,7 +99,7 @@ class HybridCoordinator:
         for i in others:
             if first_pass[i] < 0:  # not searched: the full-attention match was 0
                 first_pass[i] = 0
-        return self._trim(hits, length), length, matched
+        return CacheHit(self._trim(hits, length), length, matched, first_pass)
 
     def _trim(self, hits: dict[int, list[Block]], length: int) -> GroupBlocks:
         out = []
@@ -104,40 +112,46 @@ class HybridCoordinator:
     # ---- fan-out -------------------------------------------------------------
 
     def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
-                               num_tokens: int, hit: GroupBlocks | None) -> int:
-        """Net free-queue blocks all groups take (see SingleTypeManager)."""
+                               num_tokens: int, hit: GroupBlocks | None, junction: int) -> int:
+        """Net free-queue blocks all groups take (see SingleTypeManager).
+
+        `junction`: the request's full-attention match at its last lookup."""
         need = 0
         if hit is None:
             for m in self.managers:
-                need += m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, None)
+                need += m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, None,
+                                                 junction)
             return need
         for m, h in zip(self.managers, hit):
-            need += m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, h)
+            need += m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, h, junction)
         return need
 
     def allocate(self, request: Request, num_computed_tokens: int, num_tokens: int,
-                 hit: GroupBlocks | None, releases: bool = True) -> GroupBlocks:
+                 hit: GroupBlocks | None, junction: int, releases: bool = True) -> GroupBlocks:
         """Release skipped blocks or adopt the hit in every group, then allocate.
 
         `releases=False`: the caller knows no group releases a block at
-        `num_computed_tokens` (below the request's `quiet_computed`).
+        `num_computed_tokens` (below the request's limits, see `cache_blocks`).
         """
         managers = self.managers
         if hit is None:
             for m in self._skipping if releases else ():
-                m.remove_skipped_blocks(request, num_computed_tokens)
+                m.remove_skipped_blocks(request, num_computed_tokens, junction)
         else:
             for m, h in zip(managers, hit):
-                m.prepare(request, num_computed_tokens, h)
+                m.prepare(request, num_computed_tokens, h, junction)
         return tuple([m.allocate_new_blocks(request, num_computed_tokens, num_tokens)
                       for m in managers])
 
-    def cache_blocks_and_limits(self, request: Request, block_hashes: Sequence[bytes] | None,
-                                num_tokens: int) -> None:
+    def cache_blocks(self, request: Request, block_hashes: Sequence[bytes] | None,
+                     num_tokens: int) -> tuple[int, int]:
         """After `allocate`: cache the full blocks among the first `num_tokens`
-        tokens (unless `block_hashes` is None), then set the request's
-        fast-path limits `quiet_*` (see `SingleTypeManager.quiet_limits`)."""
-        max_tokens = max_computed = 1 << 62
+        tokens (unless `block_hashes` is None).
+
+        Returns the request's fast-path limits (max tokens, max computed
+        tokens): up to them an allocation changes nothing in any group (see
+        `SingleTypeManager.quiet_limits`)."""
+        max_tokens = max_computed = UNLIMITED
         for m in self.managers:
             if block_hashes is not None:
                 m.cache_blocks(request, block_hashes, num_tokens)
@@ -146,8 +160,7 @@ class HybridCoordinator:
                 max_tokens = tokens
             if computed < max_computed:
                 max_computed = computed
-        request.quiet_tokens = max_tokens
-        request.quiet_computed = max_computed
+        return max_tokens, max_computed
 
     def num_releasable_retained(self) -> int:
         return sum(m.num_releasable_retained() for m in self.managers)
@@ -156,9 +169,9 @@ class HybridCoordinator:
         for m in self.managers:
             m.release_retained()
 
-    def free(self, request: Request) -> None:
+    def free(self, request: Request, junction: int) -> None:
         for manager in self.managers:
-            manager.free(request)
+            manager.free(request, junction)
 
     def get_blocks(self, request_id: str) -> GroupBlocks:
         return tuple(m.get_blocks(request_id) for m in self.managers)
@@ -169,7 +182,7 @@ class HybridCoordinator:
     def check_integrity(self) -> None:
         """Pool and group invariants; ref counts equal holders."""
         holders = [b for m in self.managers for b in m.holders()]
-        holders += [b for m in self.managers for b in getattr(m, "sink_blocks", ())]
+        holders += [b for m in self.managers for b in m.pinned_blocks()]
         self.pool.check_integrity(holders)
         for manager in self.managers:
             manager.check_integrity()

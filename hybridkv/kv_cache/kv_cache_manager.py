@@ -3,21 +3,25 @@
 Which blocks a request holds in every group, which of its tokens are already
 computed (prefix cache hits), and what becomes reusable. Check, then commit:
 `allocate_slots` first works out how many blocks every group needs, returns
-None when the pool can't supply them, and only then changes anything.
+None when the pool can't supply them yet (ValueError when it never could), and
+only then changes anything.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hybridkv.kv_cache.block_pool import BlockPool
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.coordinator import GroupBlocks, HybridCoordinator
 from hybridkv.kv_cache.events import EventSubscriber
-from hybridkv.kv_cache.eviction.policy import DEFAULT_EVICTION_POLICY
+from hybridkv.kv_cache.eviction import DEFAULT_EVICTION_POLICY
 from hybridkv.kv_cache.hashing import check_hash_algo
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
+from hybridkv.kv_cache.managers import MambaManager, MambaStatePlan, mamba_state_plan
 from hybridkv.kv_cache.request import Request
 
 # lookups of one prompt start that found nothing before a warning is issued
@@ -49,6 +53,9 @@ class PrefixCacheStats:
     `group_evictions[g]`, cached blocks of g recycled for new data.
     `stranded_tokens`: tokens whose full-attention blocks were cached but
     unusable because another group (a window, a Mamba state) was missing.
+    `repeated_miss_prefixes`: prompt starts looked up `REPEATED_MISS_WARNING`
+    times that found nothing reusable each time (the first one warns, see
+    `KVCacheManager`).
     """
 
     requests: int = 0
@@ -56,6 +63,7 @@ class PrefixCacheStats:
     hits: int = 0
     stranded_tokens: int = 0
     evictions: int = 0
+    repeated_miss_prefixes: int = 0
     group_hits: list[int] = field(default_factory=list)
     group_evictions: list[int] = field(default_factory=list)
 
@@ -67,10 +75,22 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
-def _check_count(name: str, value: object) -> int:
-    if type(value) is not int or value < 0:  # noqa: E721 - bools are not counts
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    return value
+class _Held:
+    """A request holding blocks, as the manager tracks it.
+
+    `junction`: how far its prompt matched cached full-attention blocks at its
+    last lookup (groups rate and keep blocks by it). Fast path: up to
+    `max_tokens` tokens and `max_computed` computed tokens, an allocation
+    changes nothing in any group.
+    """
+
+    __slots__ = ("request", "junction", "max_tokens", "max_computed")
+
+    def __init__(self, request: Request, junction: int) -> None:
+        self.request = request
+        self.junction = junction
+        self.max_tokens = 0
+        self.max_computed = 0
 
 
 class KVCacheManager:
@@ -82,12 +102,16 @@ class KVCacheManager:
         hash_algo: "sha256" (default) or "xxhash".
         eviction_policy: a registered policy name: "hybrid" (default,
             retention-aware, see hybridkv.kv_cache.eviction.hybrid) or "lru"
-            (exactly the LRU order of API.md).
+            (vLLM's LRU order, see hybridkv.kv_cache.eviction.lru).
+        warn_repeated_misses: issue one RuntimeWarning (per manager) the first
+            time a prompt start has been looked up `REPEATED_MISS_WARNING` times
+            and found nothing reusable each time: the pool may be too small for
+            the working set. Counted in `prefix_cache_stats` either way.
     """
 
     def __init__(self, kv_cache_config: KVCacheConfig, *, enable_caching: bool = True,
-                 hash_algo: str = "sha256",
-                 eviction_policy: str = DEFAULT_EVICTION_POLICY) -> None:
+                 hash_algo: str = "sha256", eviction_policy: str = DEFAULT_EVICTION_POLICY,
+                 warn_repeated_misses: bool = True) -> None:
         if not isinstance(kv_cache_config, KVCacheConfig):
             raise ValueError(f"kv_cache_config must be a KVCacheConfig, "
                              f"got {type(kv_cache_config).__name__}")
@@ -100,11 +124,14 @@ class KVCacheManager:
         self.hash_block_size = self.coordinator.hash_block_size
         self.num_groups = len(kv_cache_config.kv_cache_groups)
         self._stats = PrefixCacheStats(group_hits=[0] * self.num_groups)
-        # requests holding blocks; each carries the fast path's limits (`quiet_*`)
-        self._requests: dict[str, Request] = {}
+        # requests holding blocks, by id
+        self._held: dict[str, _Held] = {}
+        # the full-attention match of each request's last lookup (its junction), kept
+        # for requests that hold no blocks yet (or again, after a preemption)
+        self._junctions: weakref.WeakKeyDictionary[Request, int] = weakref.WeakKeyDictionary()
         self._no_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
         self._missed_prefixes: dict[bytes, int] = {}
-        self._warned = False
+        self._warned = not warn_repeated_misses
 
     # ---- lookups -------------------------------------------------------------
 
@@ -119,34 +146,43 @@ class KVCacheManager:
         if not self.enable_caching:
             return self._no_blocks, 0
         hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
-        blocks, num_tokens, matched = self.coordinator.find_longest_cache_hit(
-            hashes, request.num_tokens - 1)
-        request.num_shared_prefix_tokens = matched
+        hit = self.coordinator.find_longest_cache_hit(hashes, request.num_tokens - 1)
+        num_tokens, matched = hit.length, hit.matched
+        self._junctions[request] = matched
+        held = self._held.get(request.request_id)
+        if held is not None and held.request is request:
+            held.junction = matched
         stats = self._stats
         stats.requests += 1
         stats.queries += request.num_tokens
         stats.hits += num_tokens
         stats.stranded_tokens += matched - num_tokens
-        for g, n in enumerate(self.coordinator.group_first_pass):
+        for g, n in enumerate(hit.group_lengths):
             stats.group_hits[g] += n
-        if num_tokens == 0 and hashes and not self._warned:
+        if num_tokens == 0 and hashes:
             self._note_repeated_miss(hashes[0])
-        return KVCacheBlocks(blocks), num_tokens
+        return KVCacheBlocks(hit.blocks), num_tokens
 
     def _note_repeated_miss(self, first_hash: bytes) -> None:
-        """Warn once when the same prompt start keeps missing: reuse is being lost."""
+        """Count prompt starts that keep missing (reuse is being lost); warn the
+        first time unless told not to."""
         misses = self._missed_prefixes
         count = misses.get(first_hash, 0) + 1
         if len(misses) >= 4096 and first_hash not in misses:
             misses.clear()
         misses[first_hash] = count
-        if count >= REPEATED_MISS_WARNING:
+        if count != REPEATED_MISS_WARNING:
+            return
+        self._stats.repeated_miss_prefixes += 1
+        if not self._warned:
             self._warned = True
             warnings.warn(
                 f"prefix caching: a prompt prefix was looked up {count} times and found "
                 f"nothing reusable each time; the pool ({self.pool.num_blocks} blocks) may be "
                 f"too small for the working set, or blocks are evicted before reuse (see "
-                f"prefix_cache_stats: evictions, stranded_tokens)", RuntimeWarning, stacklevel=3)
+                f"prefix_cache_stats: evictions, stranded_tokens; this warning is issued once "
+                f"per manager, warn_repeated_misses=False turns it off)", RuntimeWarning,
+                stacklevel=3)
 
     # ---- allocation ----------------------------------------------------------
 
@@ -158,56 +194,75 @@ class KVCacheManager:
         `num_new_computed_tokens`/`new_computed_blocks` adopt a hit from
         `get_computed_blocks` (for a request that holds no blocks). Returns
         the newly allocated blocks per group, or None, with no state change
-        at all, when the pool can't supply them. Raises ValueError for
-        counts past the request's tokens or a hit that does not match.
+        at all, when the pool can't supply them now: other requests hold
+        blocks, wait for them (or preempt one).
+
+        Raises ValueError, changing nothing, for counts past the request's
+        tokens, a hit that does not match, or an allocation the pool could not
+        supply even with no other request holding blocks: waiting would never
+        help (`can_fit` tells beforehand whether a request fits at all).
         """
-        if not num_new_computed_tokens:  # a request this manager holds: checked already
-            try:
-                owner = request.quiet_owner
-            except AttributeError:  # not a Request: the checked path raises
-                owner = None
-            if owner is self and type(num_new_tokens) is int and num_new_tokens >= 0:
+        if not num_new_computed_tokens and isinstance(request, Request):
+            held = self._held.get(request.request_id)
+            if held is not None and held.request is request and type(num_new_tokens) is int \
+                    and num_new_tokens >= 0:  # a request this manager holds: checked already
                 computed = request.num_computed_tokens
                 num_tokens = computed + num_new_tokens
                 if num_tokens <= len(request.all_token_ids):
-                    if num_tokens <= request.quiet_tokens and computed <= request.quiet_computed:
+                    if num_tokens <= held.max_tokens and computed <= held.max_computed:
                         return self._no_blocks  # fast path: an allocation that changes nothing
                     if type(num_new_computed_tokens) is int:
-                        return self._allocate(request, computed, num_tokens, None,
-                                              computed > request.quiet_computed)
+                        return self._allocate(held, computed, num_tokens, None,
+                                              computed > held.max_computed)
         num_tokens = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                             new_computed_blocks)
         hit = new_computed_blocks.blocks if num_new_computed_tokens else None  # type: ignore
         computed = request.num_computed_tokens + num_new_computed_tokens
-        blocks = self._allocate(request, computed, num_tokens, hit)
-        if blocks is not None:
-            self._requests[request.request_id] = request
-            request.quiet_owner = self
-        return blocks
+        held = self._held.get(request.request_id)  # checked: None or this request's
+        if held is None:
+            held = _Held(request, self._junctions.get(request, 0))
+        return self._allocate(held, computed, num_tokens, hit)
 
-    def _allocate(self, request: Request, computed: int, num_tokens: int,
+    def _allocate(self, held: _Held, computed: int, num_tokens: int,
                   hit: GroupBlocks | None, releases: bool = True) -> KVCacheBlocks | None:
         """Check, then commit, an allocation the caller has validated.
 
         `releases=False` when the request's own limits show no group
         releases a block at `computed`."""
-        coordinator = self.coordinator
-        need = coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit)
-        if need > len(self.pool.free_queue):
-            # states kept only for reuse never stop a running request (a preemption):
-            # give them up first; a new request waits for them like for held blocks
-            if request.request_id not in self._requests or need > \
-                    len(self.pool.free_queue) + coordinator.num_releasable_retained():
-                return None
-            coordinator.release_retained()
-            if coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit) > \
-                    len(self.pool.free_queue):
-                return None  # pragma: no cover (released blocks only add free ones)
-        new_blocks = coordinator.allocate(request, computed, num_tokens, hit, releases)
+        coordinator, request, junction = self.coordinator, held.request, held.junction
+        need = coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit, junction)
+        if need > len(self.pool.free_queue) and not self._make_room(held, need):
+            return None
+        new_blocks = coordinator.allocate(request, computed, num_tokens, hit, junction,
+                                          releases)
         hashes = request.block_hashes(self.hash_algo, self.hash_block_size) \
             if self.enable_caching else None
-        coordinator.cache_blocks_and_limits(request, hashes, num_tokens)
+        held.max_tokens, held.max_computed = coordinator.cache_blocks(request, hashes,
+                                                                      num_tokens)
+        self._held[request.request_id] = held
         return KVCacheBlocks(new_blocks)
+
+    def _make_room(self, held: _Held, need: int) -> bool:
+        """Whether `need` blocks can be had for this request without waiting.
+
+        States kept only for reuse never stop a running request (a
+        preemption): they are given up first; a new request waits for them
+        like for held blocks. Raises ValueError (changing nothing) when no
+        other request holds blocks: waiting would never help.
+        """
+        rid = held.request.request_id
+        running = rid in self._held
+        free = len(self.pool.free_queue)
+        if running and need <= free + self.coordinator.num_releasable_retained():
+            self.coordinator.release_retained()
+            return True  # released blocks only add free ones
+        if len(self._held) - running == 0:
+            usable = self.pool.num_blocks - 1 - self.pool.num_pinned
+            raise ValueError(
+                f"request {rid!r} needs {need} more blocks but only {free} of the pool's "
+                f"{usable} usable blocks are free with no other request holding any: it can "
+                f"never be served at this size (see can_fit; a smaller chunk may fit)")
+        return False
 
     def _check_allocation(self, request: Request, num_new_tokens: int,
                           num_new_computed_tokens: int,
@@ -215,12 +270,10 @@ class KVCacheManager:
         """Validate an allocate_slots call; return the token count after it."""
         if type(request) is not Request and not isinstance(request, Request):
             raise ValueError(f"request must be a Request, got {type(request).__name__}")
-        if type(num_new_tokens) is not int or num_new_tokens < 0:
-            _check_count("num_new_tokens", num_new_tokens)
-        if type(num_new_computed_tokens) is not int or num_new_computed_tokens:
-            _check_count("num_new_computed_tokens", num_new_computed_tokens)
-        held = self._requests.get(request.request_id)
-        if held is not None and held is not request:
+        check_int("num_new_tokens", num_new_tokens, 0)
+        check_int("num_new_computed_tokens", num_new_computed_tokens, 0)
+        held = self._held.get(request.request_id)
+        if held is not None and held.request is not request:
             raise ValueError(f"request id {request.request_id!r} is already in use by "
                              f"another request holding blocks")
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
@@ -238,7 +291,7 @@ class KVCacheManager:
         if not isinstance(new_computed_blocks, KVCacheBlocks):
             raise ValueError("new_computed_blocks must be the KVCacheBlocks that "
                              "get_computed_blocks returned with num_new_computed_tokens")
-        if request.request_id in self._requests or request.num_computed_tokens:
+        if request.request_id in self._held or request.num_computed_tokens:
             raise ValueError(f"request {request.request_id!r} already holds blocks; a cache "
                              f"hit can only be adopted by a request starting from 0")
         for manager, blocks in zip(self.coordinator.managers, new_computed_blocks.blocks):
@@ -251,35 +304,63 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Return the request's blocks; cached ones stay reusable until evicted.
 
-        Idempotent: freeing a request that holds nothing does nothing.
+        Raises KeyError for a request that holds no blocks (never allocated, or
+        freed already) and ValueError for another Request object with the id of
+        one that does; neither changes anything.
         """
-        held = self._requests.get(getattr(request, "request_id", None))  # type: ignore[arg-type]
-        if held is not None and held is not request:
+        if not isinstance(request, Request):
+            raise ValueError(f"request must be a Request, got {type(request).__name__}")
+        held = self._held_entry("free", request.request_id)
+        if held.request is not request:
             raise ValueError(f"free: request id {request.request_id!r} is held by another "
                              f"Request object; free that one")
-        self.coordinator.free(request)
-        if held is not None:
-            del self._requests[request.request_id]
-            request.quiet_owner = None
+        self.coordinator.free(request, held.junction)
+        del self._held[request.request_id]
+
+    def _held_entry(self, caller: str, request_id: str) -> _Held:
+        held = self._held.get(request_id)
+        if held is None:
+            raise KeyError(f"{caller}: request {request_id!r} holds no blocks (never "
+                           f"allocated, or freed already)")
+        return held
 
     # ---- views and admin -----------------------------------------------------
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's blocks, one list per group in token order (the live
-        lists: read them, do not change them)."""
+        lists: read them, do not change them). KeyError if it holds none."""
+        if request_id not in self._held:
+            self._held_entry("get_blocks", request_id)
         return KVCacheBlocks(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        """One list per group in token order; `null_block_id` where not needed."""
+        """One list per group in token order; `null_block_id` where not needed.
+
+        KeyError for a request that holds no blocks."""
+        self._held_entry("get_block_ids", request_id)
         return tuple([b.block_id for b in blocks]
                      for blocks in self.coordinator.get_blocks(request_id))
 
     def get_retained_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """Per group, blocks held for the request that `get_block_ids` no longer
         lists: cached Mamba states a likely hit stops at, kept until the request
-        ends so that they leave the cache with the prefix they complete."""
+        ends so that they leave the cache with the prefix they complete.
+
+        KeyError for a request that holds no blocks."""
+        self._held_entry("get_retained_block_ids", request_id)
         return tuple([b.block_id for b in m.retained(request_id)]
                      for m in self.coordinator.managers)
+
+    def mamba_state_plan(self, group_id: int, block_ids: Sequence[int], num_computed_tokens: int,
+                         num_new_tokens: int) -> MambaStatePlan:
+        """Where a Mamba group's layers read and write state for one request in
+        one step, from its block ids in that group (see `MambaStatePlan`).
+        ValueError if group `group_id` is not a Mamba group."""
+        managers = self.coordinator.managers
+        if not 0 <= group_id < len(managers) or not isinstance(managers[group_id], MambaManager):
+            raise ValueError(f"group {group_id!r} is not a Mamba group")
+        return mamba_state_plan(block_ids, num_computed_tokens, num_new_tokens,
+                                managers[group_id].block_size, self.null_block_id)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop these blocks from the prefix cache; running requests keep them.
@@ -337,4 +418,4 @@ class KVCacheManager:
         self.coordinator.check_integrity()
         for manager in self.coordinator.managers:
             for rid in manager.req_to_blocks:
-                assert rid in self._requests, f"{rid} holds blocks but is not tracked"
+                assert rid in self._held, f"{rid} holds blocks but is not tracked"

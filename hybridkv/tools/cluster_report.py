@@ -12,13 +12,37 @@ from __future__ import annotations
 
 import os
 import statistics
-from argparse import Namespace
+from argparse import ArgumentParser, Namespace
 
-from hybridkv.serving.router.policy import POLICIES, check_balance, check_policy
+from hybridkv.serving.router.policy import (
+    DEFAULT_BALANCE,
+    POLICIES,
+    check_balance,
+    check_policy,
+)
 from hybridkv.tools.cluster_sim import CONFIGS, ClusterSim, CostModel, InstanceShape, RunResult
 from hybridkv.tools.cluster_workload import ClusterWorkload
 
 BIG = "one instance, N x memory"
+
+
+def add_cluster_arguments(p: ArgumentParser) -> None:
+    """The options of `simulate --instances N`."""
+    group = p.add_argument_group("cluster of instances behind the router (--instances N)")
+    group.add_argument("--instances", type=int, default=None,
+                       help="simulate N instances behind the router, once per policy")
+    group.add_argument("--router", default="all",
+                       help=f"routing policies, comma-separated, or 'all' ({', '.join(POLICIES)})")
+    group.add_argument("--config", default="swa",
+                       help="full, swa (full + window 1024) or mamba (full + Mamba); block 16")
+    group.add_argument("--rate", type=float, default=0.05,
+                       help="open-loop requests per second per instance")
+    group.add_argument("--requests", type=int, default=40,
+                       help="open-loop requests per instance (chat turns come on top)")
+    group.add_argument("--blocks", type=int, default=1000, help="KV blocks per group per instance")
+    group.add_argument("--balance", type=float, default=DEFAULT_BALANCE,
+                       help="hybrid-prefix: weight of queued tokens against reusable ones")
+    group.add_argument("--seed", type=int, default=0)
 
 
 def policies_from(text: str) -> list[str]:

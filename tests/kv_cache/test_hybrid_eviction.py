@@ -1,7 +1,8 @@
 """The hybrid eviction policy in small exact scenarios: which block goes first and why."""
 
 from hybridkv import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager, Request
-from hybridkv.kv_cache.block_pool import JUNCTION, LOW_VALUE, BlockPool
+from hybridkv.kv_cache.block_pool import BlockPool
+from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE
 from hybridkv.kv_cache.eviction import hybrid as hybrid_eviction
 
 

@@ -36,12 +36,13 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from hybridkv.kv_cache.eviction.policy import EVICTION_POLICIES, EvictionPolicy
+from hybridkv.kv_cache.eviction.base import JUNCTION, LOW_VALUE, PROTECTED, EvictionPolicy
 
 if TYPE_CHECKING:
     from hybridkv.kv_cache.block_pool import Block
 
-EMPTY, LOW_VALUE, FRESH, HIT_ONCE, HIT_OFTEN, KEPT = range(6)
+# the tiers, in the order they are taken from (indexes into HybridPolicy._tiers)
+EMPTY, LOW, FRESH, HIT_ONCE, HIT_OFTEN, KEPT = range(6)
 AGE_EVERY = 8
 # tiers kept as stacks (the end of the dict is taken first: new blocks go on top);
 # the others are queues (the front is taken first, new blocks join at the end)
@@ -79,9 +80,10 @@ class HybridPolicy(EvictionPolicy):
     def add_free(self, blocks: Iterable[Block]) -> None:
         fresh = []
         tiers = self._tiers
-        empty, low = tiers[EMPTY], tiers[LOW_VALUE]
+        empty, low = tiers[EMPTY], tiers[LOW]
+        protected, low_value, junction = PROTECTED, LOW_VALUE, JUNCTION
         count = 0
-        # a released block's tier: empty if it caches nothing; low value if rated so
+        # a released block's tier: empty if it caches nothing; low if rated low value
         # and never hit (data that was hit proved its value whatever the rating);
         # else by hits, a junction rating counting as one more
         for block in blocks:
@@ -90,16 +92,16 @@ class HybridPolicy(EvictionPolicy):
                 block.queue_slot = EMPTY
                 empty[block] = None
                 continue
-            hits, hint = block.num_hits, block.value_hint
-            if hint > 1:  # PROTECTED
+            hits, rating = block.num_hits, block.value_hint
+            if rating == protected:
                 block.queue_slot = KEPT
                 tiers[KEPT][block] = None
                 continue
-            if hint < 0 and not hits:
-                block.queue_slot = LOW_VALUE
+            if rating == low_value and not hits:
+                block.queue_slot = LOW
                 low[block] = None
                 continue
-            t = hits + hint if hint > 0 else hits
+            t = hits + 1 if rating == junction else hits
             if not t:
                 block.queue_slot = FRESH
                 fresh.append(block)
@@ -173,6 +175,3 @@ class HybridPolicy(EvictionPolicy):
         del self._tiers[block.queue_slot][block]
         self._tiers[EMPTY][block] = None  # on top: reused first
         block.queue_slot = EMPTY
-
-
-EVICTION_POLICIES["hybrid"] = HybridPolicy

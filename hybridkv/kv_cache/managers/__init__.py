@@ -1,4 +1,5 @@
-"""Per-type managers and the registry from spec class to manager class."""
+"""Per-type managers, the retention and protection components they compose, and the
+registry from spec class to manager class."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from hybridkv.kv_cache.managers.base import SingleTypeManager
 from hybridkv.kv_cache.managers.chunked_local import ChunkedLocalAttentionManager
 from hybridkv.kv_cache.managers.full import FullAttentionManager
 from hybridkv.kv_cache.managers.mamba import MambaManager, MambaStatePlan, mamba_state_plan
+from hybridkv.kv_cache.managers.protection import Protection
+from hybridkv.kv_cache.managers.retention import Retention
 from hybridkv.kv_cache.managers.sink_full import SinkFullAttentionManager
 from hybridkv.kv_cache.managers.sliding_window import SlidingWindowManager
 from hybridkv.kv_cache.specs import KVCacheSpec
@@ -40,4 +43,5 @@ __all__ = [
     "SPEC_TO_MANAGER", "SingleTypeManager", "FullAttentionManager", "SlidingWindowManager",
     "ChunkedLocalAttentionManager", "MambaManager", "SinkFullAttentionManager",
     "MambaStatePlan", "mamba_state_plan", "register_manager", "manager_class_for",
+    "Protection", "Retention",
 ]

@@ -8,19 +8,29 @@ Allocation, freeing and caching of full blocks are written once here.
 Hashes arrive at the hash block size (the gcd of all groups' block sizes);
 a group whose block is `stride` hash blocks long keys block i by hash
 `(i + 1) * stride - 1`, the hash of the last small block inside it.
+
+A type that keeps skipped blocks for reuse composes a `Retention` (held until
+the request ends) or a `Protection` (released rated PROTECTED) with its rule,
+and may rate the blocks it releases (`rate_released`). Those rules read the
+request's *junction*: how far its prompt matched cached full-attention blocks
+at its last lookup, where later prompts sharing the prefix most likely diverge.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import Counter
 from collections.abc import Sequence
 from itertools import chain
 from typing import ClassVar
 
-from hybridkv.kv_cache.block_pool import JUNCTION, PROTECTED, Block, BlockPool
+from hybridkv.kv_cache.block_pool import Block, BlockPool
+from hybridkv.kv_cache.managers.protection import Protection
+from hybridkv.kv_cache.managers.retention import Retention
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import KVCacheSpec
+
+# no limit: a token count no request reaches
+UNLIMITED = 1 << 62
 
 
 class SingleTypeManager(ABC):
@@ -37,10 +47,6 @@ class SingleTypeManager(ABC):
     downward_closed: ClassVar[bool] = False
     # False when the type never releases blocks before the request ends
     skips: ClassVar[bool] = True
-    # True when `retains` may keep skipped blocks held until the request ends
-    retains_skipped: ClassVar[bool] = False
-    # True when `protects` may rate skipped blocks PROTECTED until the request ends
-    protects_skipped: ClassVar[bool] = False
 
     def __init__(self, spec: KVCacheSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:
@@ -52,6 +58,8 @@ class SingleTypeManager(ABC):
         self.group_id = group_id
         self.pool = pool
         self.null_block = pool.null_block
+        # hash -> the block caching it in this group, or None (for hit searches)
+        self.cached_block = pool.cached_block_getter(group_id)
         self.stride = spec.block_size // hash_block_size
         self.enable_caching = enable_caching
         self.req_to_blocks: dict[str, list[Block]] = {}
@@ -59,13 +67,9 @@ class SingleTypeManager(ABC):
         self.num_skipped: dict[str, int] = {}
         # leading blocks never released by skipping (sink blocks)
         self.num_kept_head_blocks = 0
-        # per request: blocks skipping took off its list that it keeps held until it
-        # ends (see `retains`)
-        self.retained_blocks: dict[str, list[Block]] = {}
-        # per request: blocks skipping released rated PROTECTED (block, its hash, the
-        # rating it had), and per block id how many running requests protect it
-        self.protected_blocks: dict[str, list[tuple[Block, bytes, int]]] = {}
-        self.num_protecting: dict[int, int] = {}
+        # set by types that keep skipped blocks for reuse (see the module docstring)
+        self.retention: Retention | None = None
+        self.protection: Protection | None = None
 
     # ---- the type's rules ----------------------------------------------------
 
@@ -96,13 +100,14 @@ class SingleTypeManager(ABC):
     # ---- check ---------------------------------------------------------------
 
     def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
-                               num_tokens: int, hit: Sequence[Block] | None) -> int:
+                               num_tokens: int, hit: Sequence[Block] | None,
+                               junction: int) -> int:
         """Net blocks `allocate` takes from the free queue to cover `num_tokens`.
 
         New blocks, plus hit blocks sitting in the free queue (touching them
         removes them), minus blocks that skipping returns to it. `hit` is
         only given for a request that holds no blocks yet; then
-        `num_computed_tokens` includes it.
+        `num_computed_tokens` includes it. `junction`: see the module docstring.
         """
         if hit:
             return max(-(-num_tokens // self.block_size) - len(hit), 0) + self.num_evictable(hit)
@@ -113,7 +118,7 @@ class SingleTypeManager(ABC):
         if need < 0:
             need = 0
         if self.skips:
-            need -= self._num_freed_by_skip(request, blocks, num_computed_tokens)
+            need -= self._num_freed_by_skip(request, blocks, num_computed_tokens, junction)
         return need
 
     def num_evictable(self, blocks: Sequence[Block]) -> int:
@@ -122,14 +127,14 @@ class SingleTypeManager(ABC):
         return [b.ref_cnt for b in blocks if b is not null].count(0)
 
     def _num_freed_by_skip(self, request: Request, blocks: list[Block],
-                           num_computed_tokens: int) -> int:
+                           num_computed_tokens: int, junction: int) -> int:
         start = self.num_skipped.get(request.request_id, self.num_kept_head_blocks)
         end = min(self.num_skipped_blocks(request, num_computed_tokens), len(blocks))
         if end <= start:
             return 0
         null, freed = self.null_block, 0
-        if self.retains_skipped:
-            for block in self._split_skipped(request, blocks, start, end)[0]:
+        if self.retention is not None:
+            for block in self.retention.split(request, junction, blocks, start, end)[0]:
                 if block.ref_cnt == 1:
                     freed += 1
             return freed
@@ -139,23 +144,10 @@ class SingleTypeManager(ABC):
                 freed += 1
         return freed
 
-    def _split_skipped(self, request: Request, blocks: list[Block], start: int,
-                       end: int) -> tuple[list[Block], list[Block]]:
-        """The blocks `start:end` that skipping takes off the list (nulls left
-        out): (released to the pool, retained until the request ends)."""
-        null, retains = self.null_block, self.retains
-        released: list[Block] = []
-        retained: list[Block] = []
-        for i in range(start, end):
-            block = blocks[i]
-            if block is not null:
-                (retained if retains(request, i, block) else released).append(block)
-        return released, retained
-
     # ---- commit --------------------------------------------------------------
 
     def prepare(self, request: Request, num_computed_tokens: int,
-                hit: Sequence[Block] | None) -> None:
+                hit: Sequence[Block] | None, junction: int) -> None:
         """First half of an allocation: adopt `hit`, or release skipped blocks.
 
         The coordinator runs this for every group before any group takes new
@@ -164,13 +156,14 @@ class SingleTypeManager(ABC):
         if hit:
             self.save_new_computed_blocks(request, hit)
         elif self.skips:
-            self.remove_skipped_blocks(request, num_computed_tokens)
+            self.remove_skipped_blocks(request, num_computed_tokens, junction)
 
-    def remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, request: Request, num_computed_tokens: int,
+                              junction: int) -> None:
         """Return blocks the request no longer needs; their positions become null.
 
-        They stay cached (reusable by others) until evicted. Those `retains`
-        picks stay held for the request until it ends.
+        They stay cached (reusable by others) until evicted. Those the type's
+        retention keeps stay held for the request until it ends.
         """
         blocks = self.req_to_blocks.get(request.request_id)
         if not blocks:
@@ -181,15 +174,15 @@ class SingleTypeManager(ABC):
         if end <= start:
             return
         null = self.null_block
-        self.rate_released(request, blocks, start, end)
-        if self.protects_skipped:
-            self._protect(request, blocks, start, end)
-        if not self.retains_skipped:
+        self.rate_released(request, junction, blocks, start, end)
+        if self.protection is not None:
+            self.protection.protect(request, junction, blocks, start, end, null)
+        if self.retention is None:
             released = [b for b in blocks[start:end] if b is not null]
         else:
-            released, retained = self._split_skipped(request, blocks, start, end)
+            released, retained = self.retention.split(request, junction, blocks, start, end)
             if retained:
-                self.retained_blocks.setdefault(rid, []).extend(retained)
+                self.retention.keep(rid, retained)
         blocks[start:end] = [null] * (end - start)
         self.num_skipped[rid] = end
         released.reverse()
@@ -230,107 +223,47 @@ class SingleTypeManager(ABC):
         self.pool.cache_blocks(blocks, hashes, start, num_full, self.group_id)
         self.num_cached_blocks[rid] = num_full
 
-    def free(self, request: Request) -> None:
+    def free(self, request: Request, junction: int) -> None:
         """Return all the request's blocks, tail first, then the retained ones
         (so they are taken after the prefix they complete). Idempotent."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, None)
         self.num_cached_blocks.pop(rid, None)
-        retained = self.retained_blocks.pop(rid, ())
-        protected = self.protected_blocks.pop(rid, None)
-        requeue = self._unprotect(protected) if protected else ()
+        retained = self.retention.pop(rid) if self.retention is not None else ()
+        requeue = self.protection.unprotect(rid) if self.protection is not None else ()
         if blocks:
-            self.rate_released(request, blocks, 0, len(blocks))
+            self.rate_released(request, junction, blocks, 0, len(blocks))
         if blocks or retained or requeue:
             self.pool.free_blocks(chain(reversed(blocks or ()), reversed(retained)), requeue)
         self.num_skipped.pop(rid, None)
 
-    # ---- protection --------------------------------------------------------------
-
-    def protects(self, request: Request, i: int, block: Block) -> bool:
-        """Whether block `i`, which the request no longer needs, is released rated
-        PROTECTED (taken for new data last, by policies that read hints) until the
-        request ends, when it gets back the rating it had.
-
-        The same aim as `retains`, for types that must return such blocks to the
-        pool at once (sliding window: API.md's release rule).
-        """
-        return False
-
-    def _protect(self, request: Request, blocks: list[Block], start: int, end: int) -> None:
-        null, protects, counts = self.null_block, self.protects, self.num_protecting
-        record = None
-        for i in range(start, end):
-            block = blocks[i]
-            if block is null or block.block_hash is None or not protects(request, i, block):
-                continue
-            if record is None:
-                record = self.protected_blocks.setdefault(request.request_id, [])
-            hint = block.value_hint
-            record.append((block, block.block_hash, JUNCTION if hint == PROTECTED else hint))
-            block.value_hint = PROTECTED
-            counts[block.block_id] = counts.get(block.block_id, 0) + 1
-
-    def _unprotect(self, protected: list[tuple[Block, bytes, int]]) -> list[Block]:
-        """The request ends: its protected blocks get their rating back, unless
-        another running request protects them too or they were evicted meanwhile.
-        Returns the free ones, tail first, to queue anew with its release."""
-        counts, requeue = self.num_protecting, []
-        for block, block_hash, hint in reversed(protected):
-            n = counts.pop(block.block_id) - 1
-            if n:
-                counts[block.block_id] = n
-            elif block.block_hash == block_hash and block.value_hint == PROTECTED:
-                block.value_hint = hint
-                if not block.ref_cnt:
-                    requeue.append(block)
-        return requeue
-
-    def retains(self, request: Request, i: int, block: Block) -> bool:
-        """Whether block `i`, which the request no longer needs, stays held until
-        the request ends (off its list) instead of going back to the pool.
-
-        For data a likely hit needs together with a prefix the request still
-        holds (a Mamba state, a window at a junction): released early, it would
-        be evicted before that prefix, leaving the prefix cached but unusable.
-        Must depend only on the request and the block (checked, then applied).
-        """
-        return False
+    # ---- retention -----------------------------------------------------------
 
     def retained(self, request_id: str) -> list[Block]:
         """Blocks held for the request that its list no longer shows."""
-        return self.retained_blocks.get(request_id, [])
+        return self.retention.held(request_id) if self.retention is not None else []
 
     def num_releasable_retained(self) -> int:
         """How many blocks `release_retained` would return to the free queue."""
-        return sum(1 for held in self.retained_blocks.values() for b in held
-                   if b.ref_cnt == 1)
+        return self.retention.num_releasable() if self.retention is not None else 0
 
     def release_retained(self) -> None:
-        """Return every request's retained blocks (they stay cached): the pool
-        could not otherwise supply a running request's allocation."""
-        blocks = [b for held in self.retained_blocks.values() for b in reversed(held)]
-        self.retained_blocks.clear()
-        self.pool.free_blocks(blocks)
+        """Return every request's retained blocks (they stay cached)."""
+        if self.retention is not None:
+            self.retention.release_all()
 
     # ---- retention hints -------------------------------------------------------
 
-    def rate_released(self, request: Request, blocks: list[Block], start: int,  # noqa: B027
-                      end: int) -> None:
+    def rate_released(self, request: Request, junction: int,  # noqa: B027
+                      blocks: list[Block], start: int, end: int) -> None:
         """Rate blocks `start:end` about to be released (`Block.value_hint`), so
         retention-aware eviction drops dead weight first and keeps junctions.
 
-        Likely hits stop at anchors: where the request's prompt matched the
-        cache (`request.num_shared_prefix_tokens`, a junction other requests
-        diverge at), its prompt end, and its end when it finishes. Full
+        Likely hits stop at anchors: the junction (other requests diverge
+        there), the prompt end (`request.num_prompt_tokens`), and the
+        request's end when it finishes (`request.num_computed_tokens`). Full
         attention needs every block before an anchor, so it rates nothing.
         """
-
-    @staticmethod
-    def anchors(request: Request) -> tuple[int, int, int]:
-        """Token counts at which later requests most likely stop matching this one."""
-        return (request.num_shared_prefix_tokens, request.num_prompt_tokens,
-                request.num_computed_tokens)
 
     # ---- fast path -----------------------------------------------------------
 
@@ -348,7 +281,7 @@ class SingleTypeManager(ABC):
             if next_full < max_tokens:
                 max_tokens = next_full
         if not self.skips:
-            return max_tokens, 1 << 62
+            return max_tokens, UNLIMITED
         return max_tokens, self.max_quiet_computed(request)
 
     def max_quiet_computed(self, request: Request) -> int:
@@ -358,7 +291,7 @@ class SingleTypeManager(ABC):
         override it with a closed form.
         """
         if not self.skips:
-            return 1 << 62
+            return UNLIMITED
         start = self.num_skipped.get(request.request_id, self.num_kept_head_blocks)
         hi = max(request.num_computed_tokens, 1)
         while self.num_skipped_blocks(request, hi) <= start and hi < 1 << 40:
@@ -382,6 +315,10 @@ class SingleTypeManager(ABC):
         tokens in chunks of at most `max_chunk_tokens` (with no hit)."""
         return -(-num_tokens // self.block_size)
 
+    def pinned_blocks(self) -> Sequence[Block]:
+        """Blocks the group itself holds for its whole life (shared sink blocks)."""
+        return ()
+
     def holders(self) -> list[Block]:
         """Every block reference the requests of this group hold."""
         null = self.null_block
@@ -401,6 +338,5 @@ class SingleTypeManager(ABC):
             start = self.num_skipped.get(rid, self.num_kept_head_blocks)
             assert all(b is self.null_block for b in blocks[self.num_kept_head_blocks:start]), \
                 f"{rid} keeps a skipped block in group {self.group_id}"
-        protecting = Counter(b.block_id for record in self.protected_blocks.values()
-                             for b, _, _ in record)
-        assert protecting == self.num_protecting, f"protection counts in group {self.group_id}"
+        if self.protection is not None:
+            self.protection.check_integrity(self.group_id)

@@ -29,7 +29,7 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
         chunk = self.spec.attention_chunk_size
         chunk_start = num_blocks * bs // chunk * chunk // bs
         hit = [self.null_block] * chunk_start
-        get = self.pool.cached[self.group_id].get
+        get = self.cached_block
         for i in range(chunk_start, num_blocks):
             block = get(block_hashes[(i + 1) * stride - 1])
             if block is None:

@@ -24,7 +24,7 @@ class FullAttentionManager(SingleTypeManager):
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
                                max_length: int) -> list[Block]:
-        get = self.pool.cached[self.group_id].get
+        get = self.cached_block
         hit: list[Block] = []
         for block_hash in self.group_hashes(block_hashes, max_length // self.block_size):
             block = get(block_hash)

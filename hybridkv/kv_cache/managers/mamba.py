@@ -17,7 +17,7 @@ the states a later hit most likely stops at within the prompt: the junction
 (where the prompt's full-attention match ended), the prompt end, the
 `prime_interval` grid, and the state the request's own hit started from. The
 manager keeps those (cached) states held for the request until it ends
-(`retains`, see SingleTypeManager), so they are released, and aged, together with the
+(its `Retention`, rule `split_skipped`), so they are released, and aged, together with the
 full-attention prefix they complete instead of before it: released early,
 they would be evicted while the prefix stays cached, leaving it unusable
 (stranded). A request thus holds its live block, the checkpoints of the step
@@ -27,10 +27,12 @@ being computed and about one state per `prime_interval` prompt blocks.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
-from hybridkv.kv_cache.block_pool import JUNCTION, LOW_VALUE, Block
+from hybridkv.kv_cache.block_pool import Block, BlockPool
+from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE
 from hybridkv.kv_cache.managers.base import SingleTypeManager
+from hybridkv.kv_cache.managers.retention import Retention
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import MambaSpec
 
@@ -47,14 +49,18 @@ class MambaManager(SingleTypeManager):
     spec: MambaSpec
     # states every `prime_interval` boundaries are kept as fallbacks for hits that
     # stop between anchors; the rest are flagged low value when released
-    prime_interval = 16
-    retains_skipped = True
+    prime_interval: ClassVar[int] = 16
+
+    def __init__(self, spec: MambaSpec, group_id: int, pool: BlockPool,
+                 hash_block_size: int, enable_caching: bool = True) -> None:
+        super().__init__(spec, group_id, pool, hash_block_size, enable_caching)
+        self.retention = Retention(pool, self.split_skipped)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
                                max_length: int) -> list[Block]:
         stride = self.stride
         num_blocks = min(max_length // self.block_size, len(block_hashes) // stride)
-        get = self.pool.cached[self.group_id].get
+        get = self.cached_block
         for i in range(num_blocks - 1, -1, -1):
             block = get(block_hashes[(i + 1) * stride - 1])
             if block is not None:
@@ -79,14 +85,15 @@ class MambaManager(SingleTypeManager):
         return [j for j in range(first, last + 1) if j % every == 0 or j == prompt_end]
 
     def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
-                               num_tokens: int, hit: Sequence[Block] | None) -> int:
+                               num_tokens: int, hit: Sequence[Block] | None,
+                               junction: int) -> int:
         num_ckpt = len(self.checkpoint_boundaries(request, num_computed_tokens, num_tokens))
         if hit:
             return 1 + num_ckpt + self.num_evictable(hit)  # a new live block
         blocks = self.req_to_blocks.get(request.request_id)
         if not blocks:
             return 1 + num_ckpt
-        freed = self._num_freed_by_skip(request, blocks, num_computed_tokens)
+        freed = self._num_freed_by_skip(request, blocks, num_computed_tokens, junction)
         return int(self._live_block(blocks, num_computed_tokens) is None) + num_ckpt - freed
 
     def allocate_new_blocks(self, request: Request, num_computed_tokens: int,
@@ -127,27 +134,22 @@ class MambaManager(SingleTypeManager):
         # one more token past the live block's span moves the live block
         return len(blocks) * self.block_size - 1, self.max_quiet_computed(request)
 
-    def retains(self, request: Request, i: int, block: Block) -> bool:
-        """The state at boundary i + 1 stays held until the request ends when it is
-        cached and the request's hit started from it, or it is within the prompt at
-        the junction, the prompt end or the grid."""
-        return bool(self._split_skipped(request, [block], 0, 1, first_boundary=i + 1)[1])
-
-    def _split_skipped(self, request: Request, blocks: list[Block], start: int, end: int,
-                       first_boundary: int | None = None) -> tuple[list[Block], list[Block]]:
-        # `retains` for a range, one loop and no call per block; block k of the range
-        # holds the state at boundary first_boundary + k - start (k + 1 by default)
+    def split_skipped(self, request: Request, junction: int, blocks: list[Block], start: int,
+                      end: int) -> tuple[list[Block], list[Block]]:
+        """The retention rule: the non-null blocks `start:end` as (released,
+        retained). The state at boundary i + 1 (block i) stays held until the
+        request ends when it is cached and the request's hit started from it, or
+        it is within the prompt at the junction, the prompt end or the grid."""
         bs, grid, null = self.block_size, self.prime_interval, self.null_block
         prompt_end = request.num_prompt_tokens // bs
-        junction = request.num_shared_prefix_tokens // bs
-        shift = (start + 1 if first_boundary is None else first_boundary) - start
+        junction //= bs
         released: list[Block] = []
         retained: list[Block] = []
         for i in range(start, end):
             block = blocks[i]
             if block is null:
                 continue
-            j = i + shift
+            j = i + 1
             if block.block_hash is not None and (block.num_hits or j <= prompt_end and (
                     j == prompt_end or j % grid == 0 or j == junction)):
                 retained.append(block)
@@ -155,12 +157,11 @@ class MambaManager(SingleTypeManager):
                 released.append(block)
         return released, retained
 
-    def rate_released(self, request: Request, blocks: list[Block], start: int,
+    def rate_released(self, request: Request, junction: int, blocks: list[Block], start: int,
                       end: int) -> None:
         bs, grid, null = self.block_size, self.prime_interval, self.null_block
-        junction = request.num_shared_prefix_tokens // bs
-        shared, prompt, computed = self.anchors(request)
-        ends = (shared // bs, prompt // bs, computed // bs)
+        junction //= bs
+        ends = (junction, request.num_prompt_tokens // bs, request.num_computed_tokens // bs)
         for i in range(start, min(end, len(blocks) - 1)):  # the live block caches nothing
             block = blocks[i]
             if block is null:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from hybridkv.kv_cache.block_pool import BlockPool
+from hybridkv.kv_cache.block_pool import Block, BlockPool
 from hybridkv.kv_cache.managers.full import FullAttentionManager
 from hybridkv.kv_cache.specs import KVCacheSpec, SinkFullAttentionSpec
 
@@ -30,3 +30,6 @@ class SinkFullAttentionManager(FullAttentionManager):
     @property
     def sink_block_ids(self) -> list[int]:
         return [b.block_id for b in self.sink_blocks]
+
+    def pinned_blocks(self) -> list[Block]:
+        return self.sink_blocks

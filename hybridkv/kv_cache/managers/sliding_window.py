@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
-from hybridkv.kv_cache.block_pool import JUNCTION, LOW_VALUE, Block, BlockPool
+from hybridkv.kv_cache.block_pool import Block, BlockPool
+from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE
 from hybridkv.kv_cache.managers.base import SingleTypeManager
+from hybridkv.kv_cache.managers.protection import Protection
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import SlidingWindowSpec
 
@@ -18,21 +21,29 @@ class SlidingWindowManager(SingleTypeManager):
     The search goes right to left for the rightmost run of cached blocks
     long enough; a hit holds only those (and the sink blocks):
     `[null, null, b7, b8]` for W=8, B=4, L=16.
+
+    Blocks the window leaves behind go back to the pool at once; those a
+    likely hit needs are rated PROTECTED until the request ends (`protects`),
+    the others rated by `rate_released`.
     """
 
     spec_class = SlidingWindowSpec
     spec: SlidingWindowSpec
+    # prompts often end in a unique suffix (a question, a new turn) after the part
+    # later prompts share: keep the windows of stops this close before the prompt end
+    tail_margin_tokens: ClassVar[int] = 256
 
     def __init__(self, spec: SlidingWindowSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:
         super().__init__(spec, group_id, pool, hash_block_size, enable_caching)
         self.num_kept_head_blocks = spec.num_sink_blocks
+        self.protection = Protection(self.protects)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
                                max_length: int) -> list[Block]:
         spec, stride = self.spec, self.stride
         num_blocks = min(max_length // self.block_size, len(block_hashes) // stride)
-        get = self.pool.cached[self.group_id].get
+        get = self.cached_block
         sinks: list[Block] = []
         for i in range(min(spec.num_sink_blocks, num_blocks)):
             block = get(block_hashes[(i + 1) * stride - 1])
@@ -49,7 +60,7 @@ class SlidingWindowManager(SingleTypeManager):
         need, stride, null = self.spec.num_window_blocks, self.stride, self.null_block
         if need == 0:
             return sinks + [null] * (num_blocks - len(sinks))
-        get = self.pool.cached[self.group_id].get
+        get = self.cached_block
         if num_blocks >= need:  # the common case: the last window is cached
             last = list(map(get, block_hashes[(num_blocks - need + 1) * stride - 1:
                                               num_blocks * stride:stride]))
@@ -78,14 +89,7 @@ class SlidingWindowManager(SingleTypeManager):
         first_needed = num_computed_tokens - self.spec.sliding_window + 1
         return max(first_needed, 0) // self.block_size
 
-    # rate blocks outside every anchor's window as low value when released
-    rate_low_value = True
-    # prompts often end in a unique suffix (a question, a new turn) after the part
-    # later prompts share: keep the windows of stops this close before the prompt end
-    tail_margin_tokens = 256
-    protects_skipped = True
-
-    def protects(self, request: Request, i: int, block: Block) -> bool:
+    def protects(self, request: Request, junction: int, i: int, block: Block) -> bool:
         """A block the window left behind is protected until the request ends when
         its hit used it, or it is in the window of the junction or of a stop in the
         prompt's tail: released for good while the request still holds the
@@ -94,23 +98,22 @@ class SlidingWindowManager(SingleTypeManager):
         if block.num_hits:
             return True
         bs, need = self.block_size, self.spec.num_window_blocks
-        shared = request.num_shared_prefix_tokens // bs
+        shared = junction // bs
         if shared - need <= i < shared:
             return True
         prompt = request.num_prompt_tokens // bs
         return prompt - need - self.tail_margin_tokens // bs <= i < prompt
 
-    def rate_released(self, request: Request, blocks: list[Block], start: int,
+    def rate_released(self, request: Request, junction: int, blocks: list[Block], start: int,
                       end: int) -> None:
         bs, need, null = self.block_size, self.spec.num_window_blocks, self.null_block
-        shared, prompt, computed = self.anchors(request)
-        shared, prompt, computed = shared // bs, prompt // bs, computed // bs
+        shared = junction // bs
+        prompt, computed = request.num_prompt_tokens // bs, request.num_computed_tokens // bs
         j_lo = shared - need  # the window of the junction: rated a junction
         # kept as they are: the windows of the stops in the prompt's tail (which hold
         # the prompt end's) and the window of the request's end; the rest is low value
         t_lo = prompt - need - self.tail_margin_tokens // bs
         c_lo = computed - need
-        rate_low = self.rate_low_value
         # positions between the kept head (sink blocks) and the skipped ones are null
         head = min(end, self.num_kept_head_blocks)
         skipped = self.num_skipped.get(request.request_id, head)
@@ -121,7 +124,7 @@ class SlidingWindowManager(SingleTypeManager):
                     continue
                 if j_lo <= i < shared:
                     block.value_hint = JUNCTION
-                elif rate_low and not (t_lo <= i < prompt or c_lo <= i < computed):
+                elif not (t_lo <= i < prompt or c_lo <= i < computed):
                     block.value_hint = LOW_VALUE
 
     def max_quiet_computed(self, request: Request) -> int:

@@ -18,7 +18,7 @@ from hybridkv import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from hybridkv.kv_cache.eviction.policy import EVICTION_POLICIES, make_eviction_policy
+from hybridkv.kv_cache.eviction import EVICTION_POLICIES, make_eviction_policy
 from hybridkv.testing import (
     full_is_reusable,
     hybrid_longest_reusable,
@@ -98,12 +98,13 @@ def test_checks_hold_for_every_eviction_policy():
         run_hybrid_conformance(random_mix, num_cases=1, eviction_policy="no such policy")
 
 
-def allocate_group_by_group(self, request, num_computed_tokens, num_tokens, hit, releases=True):
+def allocate_group_by_group(self, request, num_computed_tokens, num_tokens, hit, junction,
+                            releases=True):
     """A broken coordinator step: adopts each group's hit just before that group
     takes new blocks, so an earlier group can take a later group's hit block."""
     new_blocks = []
     for i, manager in enumerate(self.managers):
-        manager.prepare(request, num_computed_tokens, None if hit is None else hit[i])
+        manager.prepare(request, num_computed_tokens, None if hit is None else hit[i], junction)
         new_blocks.append(manager.allocate_new_blocks(request, num_computed_tokens, num_tokens))
     return tuple(new_blocks)
 

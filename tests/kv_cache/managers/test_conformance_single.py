@@ -185,7 +185,7 @@ class FirstStateMambaManager(MambaManager):
     def find_longest_cache_hit(self, block_hashes, max_length):
         hashes = self.group_hashes(block_hashes, max_length // self.block_size)
         for i, block_hash in enumerate(hashes):
-            block = self.pool.cached[self.group_id].get(block_hash)
+            block = self.cached_block(block_hash)
             if block is not None:
                 return [self.null_block] * i + [block]
         return []
@@ -195,7 +195,7 @@ class HoleyFullManager(FullAttentionManager):
     """Reads past a missing block as if it were not needed."""
 
     def find_longest_cache_hit(self, block_hashes, max_length):
-        get = self.pool.cached[self.group_id].get
+        get = self.cached_block
         hit = [get(h) or self.null_block
                for h in self.group_hashes(block_hashes, max_length // self.block_size)]
         while hit and hit[-1] is self.null_block:
@@ -220,20 +220,21 @@ class NeverSkipManager(SlidingWindowManager):
 class ReleaseOnCheckManager(SlidingWindowManager):
     """Releases blocks a window left behind while only checking the count."""
 
-    def num_blocks_to_allocate(self, request, num_computed_tokens, num_tokens, hit):
+    def num_blocks_to_allocate(self, request, num_computed_tokens, num_tokens, hit, junction):
         if not hit:
-            self.remove_skipped_blocks(request, num_computed_tokens)
-        return super().num_blocks_to_allocate(request, num_computed_tokens, num_tokens, hit)
+            self.remove_skipped_blocks(request, num_computed_tokens, junction)
+        return super().num_blocks_to_allocate(request, num_computed_tokens, num_tokens, hit,
+                                              junction)
 
 
 class ForgetfulFullManager(FullAttentionManager):
     """Forgets to return a request's first block when it ends."""
 
-    def free(self, request):
+    def free(self, request, junction):
         blocks = self.req_to_blocks.get(request.request_id)
         if blocks and len(blocks) > 3:
             blocks.pop(0)
-        super().free(request)
+        super().free(request, junction)
 
 
 @pytest.mark.parametrize("spec_class, manager_class, oracle, symptom", [

@@ -12,7 +12,7 @@ from hybridkv import (
     Request,
     SlidingWindowSpec,
 )
-from hybridkv.kv_cache.block_pool import JUNCTION, LOW_VALUE, NORMAL_VALUE
+from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE
 from hybridkv.kv_cache.managers.mamba import MambaManager
 from hybridkv.kv_cache.managers.sliding_window import SlidingWindowManager
 
@@ -133,9 +133,11 @@ def test_mamba_states_a_hit_stops_at_stay_held_until_the_request_ends():
 
     mgr.evict_blocks([blk.block_id for blk in states_a.values() if not blk.ref_cnt])
     b = Request("b", shared + [9] * 30)  # diverges from a mid-block grid + 3
+    stranded = mgr.prefix_cache_stats.stranded_tokens
     hit = mgr.get_computed_blocks(b)
     assert hit[1] == grid * B  # the last state at or before the divergence
-    assert b.num_shared_prefix_tokens == (grid + 3) * B  # the full-attention match
+    # the full-attention match (the junction) went (grid + 3) * B tokens far
+    assert mgr.prefix_cache_stats.stranded_tokens - stranded == (grid + 3) * B - hit[1]
     prefill_in_chunks(mgr, b, 2 * B, hit)
     junction = mgr.pool.cached[1][b.block_hashes(mgr.hash_algo, B)[grid + 2]]
     held_b = set(mgr.get_retained_block_ids("b")[1])
@@ -145,8 +147,7 @@ def test_mamba_states_a_hit_stops_at_stay_held_until_the_request_ends():
     mgr.free(a)
     assert states_a[grid].ref_cnt == 1  # b still holds it
     mgr.free(b)
-    assert all(blk.ref_cnt == 0 for blk in mgr.pool.blocks[1:])
-    assert mgr.get_retained_block_ids("b") == ([], [])
+    assert all(blk.ref_cnt == 0 for blk in mgr.pool.blocks[1:])  # retained ones too
     mgr.check_integrity()
 
 
@@ -238,7 +239,7 @@ def test_windows_in_the_prompt_tail_are_taken_last_while_their_request_runs():
     assert all(mgr.pool.blocks[i].value_hint == NORMAL_VALUE for i in kept)  # rated again
     order = [b.block_id for b in mgr.pool.free_queue]
     assert min(order.index(i) for i in kept) > max(order.index(i) for i in window)
-    assert not side.num_protecting and not side.protected_blocks
+    assert not side.protection.counts and not side.protection.records
     mgr.check_integrity()
 
 
@@ -248,7 +249,8 @@ def test_lru_ignores_protection(monkeypatch):
     prompt = list(range(30000, 30000 + B * 90))
     orders = []
     for protect in (True, False):
-        monkeypatch.setattr(SlidingWindowManager, "protects_skipped", protect)
+        if not protect:  # no block is ever protected
+            monkeypatch.setattr(SlidingWindowManager, "protects", lambda *args: False)
         mgr, req = window_prefill("lru", prompt, 5 * B)
         orders.append([b.block_id for b in mgr.pool.free_queue])
         mgr.free(req)
