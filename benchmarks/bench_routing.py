@@ -12,19 +12,17 @@ hashing and the index lookup are also timed alone.
     python benchmarks/bench_routing.py --model gemma-3-27b
     python benchmarks/bench_routing.py --model jamba-1.5-mini --doc-len 8192
 
-The result JSON goes to --json-out (default: a folder in the system's temp dir).
+The result JSON goes to `--out DIR` (default ./hybridkv-bench-output) as routing.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
-import tempfile
 import time
 
-from common import write_result
+from common import add_common_args, prepare_out, write_result
 
 from hybridkv.kv_cache.hashing import compute_block_hashes
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
@@ -145,9 +143,11 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=5, help="best of N per query")
-    parser.add_argument("--json-out", default=os.path.join(tempfile.gettempdir(),
-                                                           "hybridkv-bench", "routing.json"))
+    add_common_args(parser)
     args = parser.parse_args()
+    prepare_out(args.out)
+    if args.quick:
+        args.instances, args.total_blocks, args.num_docs, args.queries = 4, 20_000, 50, 9
     rng = random.Random(0)
     corpus = [question(rng, args.vocab, args.doc_len) for _ in range(args.num_docs)]
     router = Router("hybrid-prefix")
@@ -166,7 +166,7 @@ def main() -> None:
               f"max {row['route']['max_us']:.1f})  instances reusing "
               f"{row['instances_with_reuse_mean']}")
     path = write_result("routing", {"config": vars(args), "cached_blocks": cached,
-                                    "results": result}, args.json_out)
+                                    "results": result}, args.out)
     print(f"wrote {path}")
 
 
