@@ -146,6 +146,20 @@ def _run_bench(args: argparse.Namespace) -> int:
     return run_bench(args.name, args.args)
 
 
+# ---- route ------------------------------------------------------------------
+
+def _route_args(p: argparse.ArgumentParser) -> None:
+    from hybridkv.serving.router.server import add_route_arguments
+
+    add_route_arguments(p)
+
+
+def _run_route(args: argparse.Namespace) -> int:
+    from hybridkv.serving.router.server import run_router
+
+    return run_router(args)
+
+
 @dataclass(frozen=True)
 class Command:
     help: str
@@ -158,6 +172,8 @@ COMMANDS: dict[str, Command] = {
     "demo": Command("run the presets over three workloads, write plots", _demo_args, _run_demo),
     "simulate": Command("capacity planning: replay a trace through the manager",
                         _simulate_args, _run_simulate),
+    "route": Command("route OpenAI requests across hybridkv serve instances by what their "
+                     "KV caches can reuse", _route_args, _run_route),
     "bench": Command("run a benchmark script of a source checkout", _bench_args, _run_bench,
                      "Runs benchmarks/NAME's script; results go to --out DIR, never over "
                      "the committed figures in benchmarks/results unless asked."),

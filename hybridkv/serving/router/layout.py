@@ -11,7 +11,9 @@ and written next to its event stream)::
 
 Group types: `full`, `sink_full` (`sink_len`), `sliding_window`
 (`sliding_window`, `num_sink_tokens`), `chunked_local` (`attention_chunk_size`),
-`mamba`. The router keys nothing by layer: groups whose reuse rule is the same
+`mamba` (`hybridkv serve` writes `full_attention`, `sink_full_attention`,
+`chunked_local_attention`: the same types). The router keys nothing by
+layer: groups whose reuse rule is the same
 (same type, block size and rule parameters) form one `ReuseClass`, and a hash
 counts as cached in a class on an instance when every group of the class
 caches it there (the rules only ask "are all these blocks cached", so this
@@ -49,6 +51,10 @@ _TYPE_NAMES: dict[type[KVCacheSpec], str] = {
     ChunkedLocalAttentionSpec: "chunked_local",
     MambaSpec: "mamba",
 }
+
+
+_ALIASES = {"full_attention": "full", "sink_full_attention": "sink_full",
+            "chunked_local_attention": "chunked_local"}
 
 
 @dataclass(frozen=True)
@@ -162,7 +168,7 @@ def _spec_to_json(spec: KVCacheSpec) -> dict[str, Any]:
 def _spec_from_json(i: int, group: object) -> KVCacheSpec:
     if not isinstance(group, Mapping):
         raise ValueError(f"cache layout groups[{i}] must be an object, got {group!r}")
-    kind = group.get("type")
+    kind = _ALIASES.get(group.get("type"), group.get("type"))  # type: ignore[arg-type]
     bs = group.get("block_size")
     try:
         if kind == "full":

@@ -98,8 +98,14 @@ class Router:
     # ---- backends --------------------------------------------------------------
 
     def add_backend(self, instance_id: str, layout: CacheLayout, model: str | None = None) -> None:
-        """Register a backend (again: its layout may have changed, its cache view is reset)."""
-        if instance_id in self.backends:
+        """Register a backend. Again with the same layout: kept as it is (its cache
+        view too); with another layout: its cache view starts empty."""
+        old = self.backends.get(instance_id)
+        if old is not None and old.index.layout.key == layout.key:
+            old.model = model
+            self._eligible.clear()
+            return
+        if old is not None:
             self.remove_backend(instance_id)
         index = self.indexes.get(layout.key)
         if index is None:
