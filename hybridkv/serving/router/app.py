@@ -5,7 +5,9 @@ prompt as it is; text and chat messages through a backend's `POST /tokenize`,
 so the router hashes exactly what the backend will), routed by the policy
 (`Router.route`, salted by the request's `cache_salt`), and forwarded with
 its headers. Streams pass through as they come. The response carries
-`x-hybridkv-backend: <instance id>`.
+`x-hybridkv-backend: <instance id>`. `POST /route/explain` takes the same
+body and answers what the policy would decide, sending nothing (per backend:
+reusable tokens, cached full-attention chain, health and load).
 
 A backend that cannot be reached, or answers 502/503/504, before the
 response has started is taken out of rotation and the request is sent to
@@ -211,6 +213,25 @@ def build_app(state: RouterApp) -> FastAPI:
                 seen[backend.model] = {"id": backend.model, "object": "model",
                                        "owned_by": "hybridkv"}
         return JSONResponse({"object": "list", "data": list(seen.values())})
+
+    @app.post("/route/explain")
+    async def explain(request: Request) -> Response:
+        """What the policy would decide for a completion or chat body, sending
+        nothing: the backend and, per backend, reusable tokens, chain and load."""
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return error(400, "the request body is not JSON", "body")
+        if not isinstance(body, dict):
+            return error(400, "the request body must be a JSON object", "body")
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        tokens = await state.prompt_tokens(path, body, headers)
+        if not tokens:
+            return error(400, "the prompt could not be turned into token ids", "prompt")
+        salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        return JSONResponse(state.router.explain(tokens, cache_salt=salt, model=model))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -142,6 +142,40 @@ class Router:
         Raises NoBackendError when there is none, ValueError for empty
         `token_ids`.
         """
+        backend, credit = self._best(token_ids, cache_salt, lora_name, model, exclude)
+        self._turn += 1
+        return self._commit(backend, len(token_ids), credit)
+
+    def explain(self, token_ids: Sequence[int], *, cache_salt: str | bytes | None = None,
+                lora_name: str | None = None, model: str | None = None) -> dict:
+        """What `route` would decide for these tokens, changing nothing: the
+        backend it would pick (None if none is eligible) and, per backend, the
+        tokens it could reuse, its cached full-attention chain, health and load."""
+        try:
+            choice: str | None = self._best(token_ids, cache_salt, lora_name, model, ())[0] \
+                .instance_id
+        except NoBackendError:
+            choice = None
+        per_backend = {}
+        for instance_id, backend in self.backends.items():
+            index = backend.index
+            hashes = compute_block_hashes(token_ids, index.hash_block_size,
+                                          hash_algo=index.layout.hash_algo,
+                                          cache_salt=cache_salt, lora_name=lora_name)
+            load = self.loads[instance_id]
+            per_backend[instance_id] = {
+                "reusable_tokens": index.lookup(hashes, len(token_ids) - 1).tokens(backend.bit),
+                "chain_tokens": index.chain_lookup(hashes, len(token_ids) - 1).tokens(
+                    backend.bit),
+                "cached_blocks": index.num_cached_blocks(instance_id),
+                "healthy": backend.healthy, "in_flight": load.in_flight,
+                "pending_tokens": load.pending_tokens, "waiting": load.waiting,
+                "running": load.running}
+        return {"policy": self.policy, "backend": choice, "backends": per_backend}
+
+    def _best(self, token_ids: Sequence[int], cache_salt: str | bytes | None,
+              lora_name: str | None, model: str | None,
+              exclude: Collection[str]) -> tuple[Backend, int]:
         if not token_ids:
             raise ValueError("route: token_ids must not be empty")
         best: tuple[float, Backend, int] | None = None
@@ -151,8 +185,7 @@ class Router:
                 best = (cost, backend, credit)
         if best is None:
             raise NoBackendError(f"no healthy backend for model {model!r}")
-        self._turn += 1
-        return self._commit(best[1], len(token_ids), best[2])
+        return best[1], best[2]
 
     def _candidates(self, model: str | None, exclude: Collection[str]) -> list[_Group]:
         """Eligible backends per index (cached while backends and health stay)."""
