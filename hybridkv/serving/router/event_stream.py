@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from hybridkv.kv_cache.event_codec import decode_events
 from hybridkv.serving.router.routing import Router
@@ -63,7 +64,7 @@ class EventStreams:
             try:
                 await self._replay(instance_id, key)
                 while True:
-                    reply = await self.redis.xread({key: self.last_id[instance_id]},
+                    reply: Any = await self.redis.xread({key: self.last_id[instance_id]},
                                                    count=PAGE, block=BLOCK_MS)
                     for _, entries in reply or ():
                         self._apply(instance_id, entries)

@@ -165,10 +165,11 @@ def _spec_to_json(spec: KVCacheSpec) -> dict[str, Any]:
     return out
 
 
-def _spec_from_json(i: int, group: object) -> KVCacheSpec:
-    if not isinstance(group, Mapping):
-        raise ValueError(f"cache layout groups[{i}] must be an object, got {group!r}")
-    kind = _ALIASES.get(group.get("type"), group.get("type"))  # type: ignore[arg-type]
+def _spec_from_json(i: int, raw: object) -> KVCacheSpec:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"cache layout groups[{i}] must be an object, got {raw!r}")
+    group: Any = raw  # field types are checked by the spec classes
+    kind = _ALIASES.get(group.get("type"), group.get("type"))
     bs = group.get("block_size")
     try:
         if kind == "full":

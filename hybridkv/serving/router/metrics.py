@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from hybridkv.serving.router.routing import Decision, Router
@@ -24,7 +26,7 @@ from hybridkv.serving.router.routing import Decision, Router
 class RouterMetrics:
     def __init__(self, router: Router) -> None:
         self.router = router
-        self.backends = None  # set by the app: Backends, for health and URLs
+        self.backends: Any = None  # set by the app: Backends, for health and URLs
         self.registry = r = CollectorRegistry()
         self.requests = Counter("hybridkv_router_requests", "Requests answered.",
                                 ("backend", "status"), registry=r)

@@ -21,7 +21,7 @@ tokens it could reuse, the full-attention chain it caches, and its load:
 - `round-robin`: each eligible instance in turn.
 
 Ties go to the instance with fewer requests in flight (sent by this router),
-then round-robin.
+then to the next one in turn.
 """
 
 from __future__ import annotations
@@ -32,12 +32,14 @@ from typing import Any
 POLICIES = ("hybrid-prefix", "prefix", "prefix-balanced", "least-loaded", "round-robin")
 DEFAULT_POLICY = "hybrid-prefix"
 DEFAULT_BALANCE = 0.5
+# weight of a request in flight in a cost: breaks ties between equal token costs
+TIE = 1e-6
 
 
 def check_policy(name: object) -> str:
-    if name not in POLICIES:
+    if not isinstance(name, str) or name not in POLICIES:
         raise ValueError(f"routing policy {name!r} is unknown; use one of {', '.join(POLICIES)}")
-    return name  # type: ignore[return-value]
+    return name
 
 
 def check_balance(balance: object) -> float:
@@ -72,26 +74,27 @@ def choose(policy: str, slots: list[int], loads: list[Load], credit: list[tuple[
     """The position in `slots` (non-empty) to route to.
 
     `loads[i]` is the load of `slots[i]`; `credit` lists (position, tokens):
-    the reusable tokens (`hybrid-prefix`) or chain tokens (`prefix`) of the
-    positions that have any.
+    the reusable tokens (`hybrid-prefix`) or chain tokens (`prefix`,
+    `prefix-balanced`) of the positions that have any. Among equal costs the
+    first at or after position `turn` (cyclically) wins.
     """
+    n = len(slots)
     if policy == "round-robin":
-        return turn % len(slots)
+        return turn % n
     costs: list[Any]
     if policy == "least-loaded":
         costs = [(ld.num_requests, ld.pending_tokens) for ld in loads]
     elif policy == "prefix":
-        costs = [0] * len(slots)
+        costs = [ld.in_flight * TIE for ld in loads]
         for i, tokens in credit:
-            costs[i] = -tokens
+            costs[i] -= tokens
     else:
-        costs = [balance * ld.pending_tokens for ld in loads]
+        costs = [balance * ld.pending_tokens + ld.in_flight * TIE for ld in loads]
         for i, tokens in credit:
             costs[i] -= tokens
     best = min(costs)
-    if costs.count(best) == 1:
+    start = turn % n
+    try:
+        return costs.index(best, start)
+    except ValueError:
         return costs.index(best)
-    ties = [i for i, c in enumerate(costs) if c == best]
-    fewest = min([loads[i].in_flight for i in ties])
-    ties = [i for i in ties if loads[i].in_flight == fewest]
-    return ties[turn % len(ties)]

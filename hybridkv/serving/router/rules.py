@@ -171,7 +171,8 @@ def window_accepts(held: list[int], window: int, sinks: int, live: int) -> list[
     if window == 0:
         acc = [live] * (n_max + 1)
     else:
-        heads, tails = [], []  # running ANDs inside segments of `window` blocks
+        heads: list[int] = []  # running ANDs inside segments of `window` blocks
+        tails: list[int] = []
         for a in range(0, n_max, window):
             segment = held[a:a + window]
             heads += accumulate(segment, and_)
