@@ -119,7 +119,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
     from hybridkv.tools.simulate import parse_bytes, parse_sweep, run_simulate
 
     if not args.model or not args.memory:
-        raise ValueError("--model and --memory are required (or --instances N for a cluster)")
+        raise ValueError("the following arguments are required: --model, --memory "
+                         "(or --instances N for a cluster)")
     parse_bytes(args.memory)  # bad values fail before any work
     parse_sweep(args.sweep)
     check_output_dir(args.out)
