@@ -32,6 +32,8 @@ SCRIPTS = {
     "mamba_state": Script("bench_mamba_state.py", "Mamba state memory during a long decode"),
     "soak": Script("soak.py", "fuzzing soak of the manager state machine"),
     "serving": Script("bench_serving.py", "HTTP server: overhead, TTFT hit/suffix, load sweep"),
+    "routing": Script("bench_routing.py", "router decision time, 64 instances, 1M blocks"),
+    "cluster": Script("bench_cluster.py", "routing policies on simulated clusters (8-64)"),
 }
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
