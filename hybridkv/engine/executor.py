@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from hybridkv.engine.block_ids import BlockIdCache
-from hybridkv.engine.kv_memory import allocate_kv_memory
+from hybridkv.engine.kv_memory import allocate_kv_slots, kv_views
 from hybridkv.engine.scheduler import ScheduledSeq
 from hybridkv.kernels.attention import AttentionBatch
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
@@ -57,8 +57,8 @@ class ModelExecutor:
         self.runner = runner
         self.config = config
         self.device = torch.device(device)
-        self.kv_views = allocate_kv_memory(config, self.device,
-                                           fill=float("nan") if poison else None)
+        self.kv_slots = allocate_kv_slots(config, self.device)  # raw pages, shared by groups
+        self.kv_views = kv_views(config, self.kv_slots, fill=float("nan") if poison else None)
         self._zero_mamba_states()
         runner.bind_kv_cache(self.kv_views)
         self.groups = [(i, g.kv_cache_spec, g.layer_names)

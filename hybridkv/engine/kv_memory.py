@@ -35,11 +35,22 @@ def allocate_kv_memory(config: KVCacheConfig, device: str | torch.device = "cpu"
     blocks); the default leaves it uninitialized (zeros for Mamba state
     views is the runner's job on first use).
     """
+    return kv_views(config, allocate_kv_slots(config, device), fill)
+
+
+def allocate_kv_slots(config: KVCacheConfig,
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
+    """The raw tensor slots, uint8 `[num_blocks * page_size_bytes]` each."""
     if not config.page_size_bytes or not config.num_tensors:
         raise ValueError("KVCacheConfig has no memory layout; build it with "
                          "KVCacheConfig.from_layer_specs")
-    slots = [torch.empty(config.num_blocks * config.page_size_bytes, dtype=torch.uint8,
-                         device=device) for _ in range(config.num_tensors)]
+    return [torch.empty(config.num_blocks * config.page_size_bytes, dtype=torch.uint8,
+                        device=device) for _ in range(config.num_tensors)]
+
+
+def kv_views(config: KVCacheConfig, slots: list[torch.Tensor],
+             fill: float | None = None) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Each layer's typed views of its slot (see `allocate_kv_memory`)."""
     views: dict[str, tuple[torch.Tensor, ...]] = {}
     for group in config.kv_cache_groups:
         for name in group.layer_names:

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
 from hybridkv.models.registry import load_model
+
+if TYPE_CHECKING:
+    from hybridkv.store.stats import KVStoreStats
 
 DEFAULT_KV_CACHE_BYTES = 64 << 20
 # keys of a prompt given as a dict: the tokens (or text) and the keys of its cached blocks
@@ -65,6 +68,13 @@ class LLM:
     files) makes string prompts and `chat` work; without it a preset uses its
     built-in tokenizer, a checkpoint directory its own tokenizer files, and a
     model object none (`self.tokenizer` is then None).
+
+    `kv_store` (a URL `cpu://?size=4GiB`, `file:///dir?size=20GiB`,
+    `redis://host:port/db`, a `hybridkv.store.KVStore`, or True for `cpu://`)
+    puts a second tier behind the pool: evicted blocks are written there and
+    prefixes the pool lacks are read back (`kv_store_write_through`: write
+    blocks when computed instead; `kv_store_select`: "hybrid" or "all", which
+    evicted blocks to keep). See docs/kv_tiers.md.
     """
 
     def __init__(self, model: Any, *, enable_prefix_caching: bool = True, block_size: int = 16,
@@ -72,7 +82,8 @@ class LLM:
                  device: str = "cpu", dtype: Any = None, seed: int = 0,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  hash_algo: str = "sha256", eviction_policy: str = "hybrid",
-                 poison_kv_cache: bool = False, tokenizer: Any = None) -> None:
+                 poison_kv_cache: bool = False, tokenizer: Any = None, kv_store: Any = None,
+                 kv_store_write_through: bool = False, kv_store_select: str = "hybrid") -> None:
         self.runner = load_model(model, dtype=dtype, seed=seed)
         self.tokenizer = load_tokenizer(model, tokenizer)
         if device != "cpu":
@@ -81,11 +92,18 @@ class LLM:
         _check_device_memory(self.config, device)
         self.kv = KVCacheManager(self.config, enable_caching=enable_prefix_caching,
                                  hash_algo=hash_algo, eviction_policy=eviction_policy)
-        self.scheduler = Scheduler(self.kv, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens)
         self.executor = ModelExecutor(self.runner, self.config, device, poison=poison_kv_cache)
+        self.tier = None
+        if kv_store is not None and kv_store is not False:
+            from hybridkv.store.attach import attach_store
+
+            self.tier = attach_store(self.kv, kv_store, self.config, self.executor.kv_slots,
+                                     self.runner.model, write_through=kv_store_write_through,
+                                     select=kv_store_select)
+        self.scheduler = Scheduler(self.kv, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens, tier=self.tier)
         if poison_kv_cache:
-            self.kv.on_stale_blocks(self.executor.poison_blocks)
+            self.kv.on_stale_blocks(self._poison_blocks)
         self.sampler = Sampler(seed)
         self._counter = 0
 
@@ -154,9 +172,18 @@ class LLM:
         if not batch:
             raise RuntimeError("no request could be scheduled although the pool was checked; "
                                "this is a bug")
+        if self.tier is not None:
+            self.tier.before_step()  # evicted blocks leave before the step overwrites them
         logits = self.executor.execute(batch, self.kv)
+        if self.tier is not None:
+            self.tier.after_step()
         self.scheduler.finish_step(batch)
         return self._sample(batch, logits)
+
+    def _poison_blocks(self, block_ids: list[int]) -> None:
+        if self.tier is not None:
+            self.tier.before_step()  # copy out evicted data before the NaN fill
+        self.executor.poison_blocks(block_ids)
 
     def _sample(self, batch: list[ScheduledSeq], logits: torch.Tensor) -> int:
         finished = 0
@@ -203,7 +230,8 @@ class LLM:
         req = seq.request
         out = RequestOutput(req.request_id, req.prompt_token_ids, req.output_token_ids,
                             max(seq.num_cached_tokens, 0), seq.finish_reason,
-                            stop_reason=seq.stop_reason)
+                            stop_reason=seq.stop_reason,
+                            num_external_cached_tokens=seq.num_external_cached_tokens)
         if seq.first_token_time is not None and seq.finished_time is not None:
             out.metrics = RequestMetrics(seq.arrival_time, seq.first_token_time,
                                          seq.finished_time)
@@ -330,6 +358,22 @@ class LLM:
                            cached_tokens=s.cached_tokens, steps=s.steps,
                            preemptions=s.preemptions, evictions=self.kv.num_evictions,
                            pool_usage=self.kv.usage, num_blocks=self.config.num_blocks)
+
+
+    def kv_store_stats(self) -> KVStoreStats | None:
+        """Counters of the KV store behind the pool (None without one): store
+        hits in tokens, blocks and bytes read and written per group, load and
+        store time, rejected payloads, errors; see `hybridkv.store.KVStoreStats`."""
+        return None if self.tier is None else self.tier.stats()
+
+    def flush_kv_store(self, timeout: float | None = None) -> bool:
+        """Wait until blocks handed to the KV store are written (True when done)."""
+        return True if self.tier is None else self.tier.flush(timeout)
+
+    def close(self) -> None:
+        """Write what the KV store's writer still holds, then close the store."""
+        if self.tier is not None:
+            self.tier.close()
 
 
 def _check_device_memory(config: KVCacheConfig, device: str) -> None:

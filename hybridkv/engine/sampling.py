@@ -110,6 +110,8 @@ class RequestOutput:
     text: str | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     metrics: RequestMetrics | None = None
+    # of num_cached_tokens (every reused prompt token), those a KV store supplied
+    num_external_cached_tokens: int = 0
 
 
 class Sampler:

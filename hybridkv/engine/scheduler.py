@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hybridkv.engine.sampling import SamplingParams
 from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
+
+if TYPE_CHECKING:
+    from hybridkv.store.tier import KVTier
 
 
 @dataclass(eq=False)
@@ -26,6 +30,7 @@ class SeqState:
     params: SamplingParams
     index: int  # position in the generate() call
     num_cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
+    num_external_cached_tokens: int = 0  # of those, reused because a KV store held them
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     num_preemptions: int = 0
@@ -64,6 +69,7 @@ class SchedulerStats:
     scheduled_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    external_cached_tokens: int = 0
     max_running: int = 0
     usage_trace: list[float] = field(default_factory=list)  # pool usage after each schedule
     tokens_trace: list[int] = field(default_factory=list)  # tokens of the scheduled sequences
@@ -73,11 +79,12 @@ class Scheduler:
     """Decides, each step, which tokens of which requests are computed."""
 
     def __init__(self, kv_cache_manager: KVCacheManager, *, max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 2048) -> None:
+                 max_num_batched_tokens: int = 2048, tier: KVTier | None = None) -> None:
         for name, value in (("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens)):
             check_int(name, value, 1)
         self.kv = kv_cache_manager
+        self.tier = tier  # a KV store behind the pool: hits the pool lacks are imported
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[SeqState] = deque()
@@ -122,14 +129,24 @@ class Scheduler:
             seq = self.waiting[0]
             req = seq.request
             blocks, hit = self.kv.get_computed_blocks(req)
+            if self.tier is not None:
+                tier_hit = self.tier.extend_hit(req, blocks, hit, budget, bool(self.running))
+                if tier_hit.must_wait:  # the store's longer hit does not fit yet
+                    break
+                blocks, hit = tier_hit.blocks, tier_hit.num_tokens
+                if seq.num_cached_tokens < 0:  # (imports stay in the pool if it must wait)
+                    seq.num_external_cached_tokens = max(seq.num_external_cached_tokens,
+                                                         tier_hit.num_external_tokens)
             n = min(req.num_tokens - hit, budget)
             if self.kv.allocate_slots(req, n, hit, blocks if hit else None) is None:
                 break
             self.waiting.popleft()
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = hit
+                seq.num_external_cached_tokens = min(seq.num_external_cached_tokens, hit)
                 self.stats.prompt_tokens += req.num_prompt_tokens
                 self.stats.cached_tokens += hit
+                self.stats.external_cached_tokens += seq.num_external_cached_tokens
             req.num_computed_tokens = hit  # the hit is in place before the step runs
             batch.append(ScheduledSeq(seq, hit, n))
             self.running.append(seq)

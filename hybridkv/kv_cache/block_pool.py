@@ -77,6 +77,7 @@ class BlockPool:
         self.group_evictions = [0] * num_groups
         self._subscribers: list[EventSubscriber] = []
         self._stale_listeners: list[Callable[[list[int]], None]] = []
+        self._evict_listeners: list[Callable[[list[Block]], None]] = []
 
     # ---- queries -------------------------------------------------------------
 
@@ -111,6 +112,8 @@ class BlockPool:
                              f"{len(self.free_queue)} are free")
         blocks = self.free_queue.take(num_blocks)
         assert len(blocks) == num_blocks, "the eviction policy returned too few blocks"
+        if self._evict_listeners:
+            self._notify_evict(blocks)
         evictions, normal, evicted = self.group_evictions, NORMAL_VALUE, 0
         for block in blocks:
             if block.block_hash is not None:
@@ -140,6 +143,20 @@ class BlockPool:
                 queued.append(block)
             block.ref_cnt = ref_cnt + 1
             block.num_hits += 1
+        if queued:
+            self.free_queue.remove_blocks(queued)
+
+    def hold(self, blocks: Iterable[Block]) -> None:
+        """Take one more reference on each block without counting a hit (free
+        ones leave the queue); `free_blocks` gives it back. The null block is
+        skipped."""
+        queued = []
+        for block in blocks:
+            if block is self.null_block:
+                continue
+            if not block.ref_cnt:
+                queued.append(block)
+            block.ref_cnt += 1
         if queued:
             self.free_queue.remove_blocks(queued)
 
@@ -274,6 +291,19 @@ class BlockPool:
         so that a read of stale or unwritten KV shows up in the output.
         """
         self._stale_listeners.append(callback)
+
+    def on_evict(self, callback: Callable[[list[Block]], None]) -> None:
+        """Call `callback(blocks)` with cached blocks taken for new data, before
+        they lose their hash and rating: their pages still hold the data (a
+        second tier copies it out here, or notes it to copy before the pages
+        are next written). The blocks must not be changed."""
+        self._evict_listeners.append(callback)
+
+    def _notify_evict(self, blocks: list[Block]) -> None:
+        evicted = [b for b in blocks if b.block_hash is not None]
+        if evicted:
+            for callback in self._evict_listeners:
+                callback(evicted)
 
     def _notify_stale(self, blocks: list[Block]) -> None:
         if blocks:

@@ -7,16 +7,18 @@ the one hybrid algorithm.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import NamedTuple
 
 from hybridkv.kv_cache.block_pool import Block, BlockPool
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.managers import SingleTypeManager, manager_class_for
-from hybridkv.kv_cache.managers.base import UNLIMITED
+from hybridkv.kv_cache.managers.base import UNLIMITED, Lookup
 from hybridkv.kv_cache.request import Request
 
 GroupBlocks = tuple[list[Block], ...]
+Search = Callable[[Sequence[bytes], int], list[Block]]
 
 
 class CacheHit(NamedTuple):
@@ -50,10 +52,12 @@ class HybridCoordinator:
         self._other_ids = [i for i, m in enumerate(self.managers) if not m.downward_closed]
         # groups whose prepare() without a hit releases skipped blocks
         self._skipping = [m for m in self.managers if m.skips]
+        self._pool_searches: list[Search] = [m.find_longest_cache_hit for m in self.managers]
 
     # ---- the hybrid algorithm ------------------------------------------------
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int) -> CacheHit:
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
+                               lookups: Sequence[Lookup] | None = None) -> CacheHit:
         """Blocks of every group for the longest length all groups can reuse.
 
         Also returns the length the full-attention groups alone matched (where
@@ -71,13 +75,18 @@ class HybridCoordinator:
         block 3 cached -> L=16, done: ([f0, f1, f2, f3], [null, null, null, w3]).
         With window block 3 evicted: window shrinks to L=8 (block 1), full
         accepts 8 -> ([f0, f1], [null, w1]).
+
+        `lookups` (one per group) replace the pool's maps in the searches of
+        managers that accept a lookup: a group's rule is then met by blocks
+        found either way (the pool or a second tier's placeholders).
         """
+        search = self._pool_searches if lookups is None else self._searches(lookups)
         align = self.alignment
         length = max_length // align * align
         hits: dict[int, list[Block]] = {}
         first_pass = [0] * len(self.managers)
         for i in self._full_ids:  # looked up once, trimmed at the end
-            hit = self.managers[i].find_longest_cache_hit(block_hashes, length)
+            hit = search[i](block_hashes, length)
             hits[i] = hit
             first_pass[i] = len(hit) * self.managers[i].block_size
             length = min(length, first_pass[i]) // align * align
@@ -89,7 +98,7 @@ class HybridCoordinator:
         while not settled and length > 0:
             settled = True
             for i in others:
-                hit = self.managers[i].find_longest_cache_hit(block_hashes, length)
+                hit = search[i](block_hashes, length)
                 found = len(hit) * self.managers[i].block_size // align * align
                 hits[i] = hit
                 if first_pass[i] < 0:
@@ -100,6 +109,12 @@ class HybridCoordinator:
             if first_pass[i] < 0:  # not searched: the full-attention match was 0
                 first_pass[i] = 0
         return CacheHit(self._trim(hits, length), length, matched, first_pass)
+
+    def _searches(self, lookups: Sequence[Lookup]) -> list[Search]:
+        """Per group: its search through `lookups[i]` where the manager takes one."""
+        return [partial(m.find_longest_cache_hit, lookup=lookup)  # type: ignore[call-arg]
+                if m.accepts_lookup
+                else m.find_longest_cache_hit for m, lookup in zip(self.managers, lookups)]
 
     def _trim(self, hits: dict[int, list[Block]], length: int) -> GroupBlocks:
         out = []

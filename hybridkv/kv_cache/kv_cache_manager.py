@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from hybridkv.kv_cache.block_pool import BlockPool
+from hybridkv.kv_cache.block_pool import Block, BlockPool
 from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.coordinator import GroupBlocks, HybridCoordinator
 from hybridkv.kv_cache.events import EventSubscriber
 from hybridkv.kv_cache.eviction import DEFAULT_EVICTION_POLICY
+from hybridkv.kv_cache.external import BlockImport, begin_import, end_import
 from hybridkv.kv_cache.hashing import check_hash_algo
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.managers import MambaManager, MambaStatePlan, mamba_state_plan
+from hybridkv.kv_cache.managers.base import Lookup
 from hybridkv.kv_cache.request import Request
 
 # lookups of one prompt start that found nothing before a warning is issued
@@ -380,6 +382,49 @@ class KVCacheManager:
         chunk = num_tokens if max_chunk_tokens is None else max_chunk_tokens
         usable = self.pool.num_blocks - 1 - self.pool.num_pinned
         return self.coordinator.max_blocks_held(num_tokens, max(chunk, 1)) <= usable
+
+    # ---- a second tier (see hybridkv.kv_cache.external) ------------------------
+
+    def find_cache_hit(self, request: Request, lookups: Sequence[Lookup] | None = None
+                       ) -> tuple[KVCacheBlocks, int, int]:
+        """`get_computed_blocks` as a pure query (no stats, no junction): (blocks,
+        num tokens, the full-attention match). With `lookups` (one per group) a
+        group's rule is met by pool blocks or by blocks a lookup finds elsewhere
+        (placeholders, to import before use)."""
+        if not self.enable_caching:
+            return self._no_blocks, 0, 0
+        hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
+        hit = self.coordinator.find_longest_cache_hit(hashes, request.num_tokens - 1, lookups)
+        return KVCacheBlocks(hit.blocks), hit.length, hit.matched
+
+    def note_junction(self, request: Request, matched: int) -> None:
+        """The prompt matched cached full-attention blocks this far after blocks
+        were imported (a retention hint, as `get_computed_blocks` records it)."""
+        if matched > self._junctions.get(request, 0):
+            self._junctions[request] = matched
+
+    def num_blocks_to_admit(self, request: Request, hit: KVCacheBlocks, num_hit_tokens: int,
+                            num_new_tokens: int) -> int:
+        """Free blocks admitting a request that holds none takes with `hit`
+        (placeholders included: importing one takes a block)."""
+        return self.coordinator.num_blocks_to_allocate(
+            request, num_hit_tokens, num_hit_tokens + num_new_tokens,
+            hit.blocks if num_hit_tokens else None, self._junctions.get(request, 0))
+
+    def begin_import(self, hit: KVCacheBlocks,
+                     wanted: Sequence[tuple[int, bytes]]) -> BlockImport | None:
+        """Hold the pool blocks of `hit` and take a block per (group id, hash)
+        to import; None (nothing changed) when the pool is short."""
+        return begin_import(self.pool, hit.blocks, wanted)
+
+    def end_import(self, imp: BlockImport, loaded: Sequence[bool]) -> int:
+        """Cache the imported blocks that arrived; release the import's references."""
+        return end_import(self.pool, imp, loaded)
+
+    def on_evict(self, callback: Callable[[list[Block]], None]) -> None:
+        """`callback(blocks)` with cached blocks about to be taken for new data
+        (their pages still hold it): a second tier copies them out."""
+        self.pool.on_evict(callback)
 
     def on_stale_blocks(self, callback) -> None:
         """Debug hook: `callback(block_ids)` when blocks stop holding valid data

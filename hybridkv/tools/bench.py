@@ -34,6 +34,11 @@ SCRIPTS = {
     "serving": Script("bench_serving.py", "HTTP server: overhead, TTFT hit/suffix, load sweep"),
     "routing": Script("bench_routing.py", "router decision time, 64 instances, 1M blocks"),
     "cluster": Script("bench_cluster.py", "routing policies on simulated clusters (8-64)"),
+    "store_ttft": Script("bench_store.py", "KV store: TTFT recompute vs load from cpu/file/redis"),
+    "store_pressure": Script("bench_store_pressure.py",
+                             "hit rate under pressure with a cpu tier of 1-4x the pool"),
+    "store_replay": Script("bench_store_replay.py", "replay requests/s with a KV store attached"),
+    "file_store": Script("bench_file_store.py", "file store throughput against object size"),
 }
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -19,7 +19,7 @@ at its last lookup, where later prompts sharing the prefix most likely diverge.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import ClassVar
 
@@ -31,6 +31,8 @@ from hybridkv.kv_cache.specs import KVCacheSpec
 
 # no limit: a token count no request reaches
 UNLIMITED = 1 << 62
+# finds the block caching a hash of one group (None: not cached)
+Lookup = Callable[[bytes], "Block | None"]
 
 
 class SingleTypeManager(ABC):
@@ -47,6 +49,8 @@ class SingleTypeManager(ABC):
     downward_closed: ClassVar[bool] = False
     # False when the type never releases blocks before the request ends
     skips: ClassVar[bool] = True
+    # True when `find_longest_cache_hit` takes a `lookup` (searches beyond the pool)
+    accepts_lookup: ClassVar[bool] = False
 
     def __init__(self, spec: KVCacheSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:
@@ -81,6 +85,10 @@ class SingleTypeManager(ABC):
         The length is `len(result) * block_size`; positions this type does
         not need hold the null block, e.g. `[null, null, b7, b8]`. A query:
         changes nothing.
+
+        Managers that set `accepts_lookup` take a third argument `lookup`: a
+        function used instead of `cached_block` to find the block of a hash
+        (a second tier answers with a placeholder block).
         """
 
     @abstractmethod

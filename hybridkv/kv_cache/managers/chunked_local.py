@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hybridkv.kv_cache.block_pool import Block
-from hybridkv.kv_cache.managers.base import SingleTypeManager
+from hybridkv.kv_cache.managers.base import Lookup, SingleTypeManager
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import ChunkedLocalAttentionSpec
 
@@ -20,16 +20,17 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
     """
 
     spec_class = ChunkedLocalAttentionSpec
+    accepts_lookup = True
     spec: ChunkedLocalAttentionSpec
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
-                               max_length: int) -> list[Block]:
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
+                               lookup: Lookup | None = None) -> list[Block]:
         bs, stride = self.block_size, self.stride
         num_blocks = min(max_length // bs, len(block_hashes) // stride)
         chunk = self.spec.attention_chunk_size
         chunk_start = num_blocks * bs // chunk * chunk // bs
         hit = [self.null_block] * chunk_start
-        get = self.cached_block
+        get = lookup or self.cached_block
         for i in range(chunk_start, num_blocks):
             block = get(block_hashes[(i + 1) * stride - 1])
             if block is None:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from hybridkv.kv_cache.block_pool import Block
-from hybridkv.kv_cache.managers.base import SingleTypeManager
+from hybridkv.kv_cache.managers.base import Lookup, SingleTypeManager
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import FullAttentionSpec, KVCacheSpec
 
@@ -20,11 +20,12 @@ class FullAttentionManager(SingleTypeManager):
 
     spec_class: ClassVar[type[KVCacheSpec]] = FullAttentionSpec
     downward_closed = True
+    accepts_lookup = True
     skips = False
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
-                               max_length: int) -> list[Block]:
-        get = self.cached_block
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
+                               lookup: Lookup | None = None) -> list[Block]:
+        get = lookup or self.cached_block
         hit: list[Block] = []
         for block_hash in self.group_hashes(block_hashes, max_length // self.block_size):
             block = get(block_hash)

@@ -31,7 +31,7 @@ from typing import ClassVar, NamedTuple
 
 from hybridkv.kv_cache.block_pool import Block, BlockPool
 from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE
-from hybridkv.kv_cache.managers.base import SingleTypeManager
+from hybridkv.kv_cache.managers.base import Lookup, SingleTypeManager
 from hybridkv.kv_cache.managers.retention import Retention
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import MambaSpec
@@ -46,6 +46,7 @@ class MambaManager(SingleTypeManager):
     """
 
     spec_class = MambaSpec
+    accepts_lookup = True
     spec: MambaSpec
     # states every `prime_interval` boundaries are kept as fallbacks for hits that
     # stop between anchors; the rest are flagged low value when released
@@ -56,11 +57,11 @@ class MambaManager(SingleTypeManager):
         super().__init__(spec, group_id, pool, hash_block_size, enable_caching)
         self.retention = Retention(pool, self.split_skipped)
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
-                               max_length: int) -> list[Block]:
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
+                               lookup: Lookup | None = None) -> list[Block]:
         stride = self.stride
         num_blocks = min(max_length // self.block_size, len(block_hashes) // stride)
-        get = self.cached_block
+        get = lookup or self.cached_block
         for i in range(num_blocks - 1, -1, -1):
             block = get(block_hashes[(i + 1) * stride - 1])
             if block is not None:

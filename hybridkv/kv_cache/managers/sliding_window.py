@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from hybridkv.kv_cache.block_pool import Block, BlockPool
 from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE
-from hybridkv.kv_cache.managers.base import SingleTypeManager
+from hybridkv.kv_cache.managers.base import Lookup, SingleTypeManager
 from hybridkv.kv_cache.managers.protection import Protection
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import SlidingWindowSpec
@@ -28,6 +28,7 @@ class SlidingWindowManager(SingleTypeManager):
     """
 
     spec_class = SlidingWindowSpec
+    accepts_lookup = True
     spec: SlidingWindowSpec
     # prompts often end in a unique suffix (a question, a new turn) after the part
     # later prompts share: keep the windows of stops this close before the prompt end
@@ -39,11 +40,11 @@ class SlidingWindowManager(SingleTypeManager):
         self.num_kept_head_blocks = spec.num_sink_blocks
         self.protection = Protection(self.protects)
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[bytes],
-                               max_length: int) -> list[Block]:
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
+                               lookup: Lookup | None = None) -> list[Block]:
         spec, stride = self.spec, self.stride
         num_blocks = min(max_length // self.block_size, len(block_hashes) // stride)
-        get = self.cached_block
+        get = lookup or self.cached_block
         sinks: list[Block] = []
         for i in range(min(spec.num_sink_blocks, num_blocks)):
             block = get(block_hashes[(i + 1) * stride - 1])
@@ -51,16 +52,15 @@ class SlidingWindowManager(SingleTypeManager):
                 num_blocks = i  # L may not pass a missing sink block
                 break
             sinks.append(block)
-        return self._search_window(block_hashes, num_blocks, sinks)
+        return self._search_window(block_hashes, num_blocks, sinks, get)
 
     def _search_window(self, block_hashes: Sequence[bytes], num_blocks: int,
-                       sinks: list[Block]) -> list[Block]:
+                       sinks: list[Block], get: Lookup) -> list[Block]:
         """The rightmost run of `num_window_blocks` cached blocks ending at or
         before `num_blocks` (or a run from block 0), with the sinks in front."""
         need, stride, null = self.spec.num_window_blocks, self.stride, self.null_block
         if need == 0:
             return sinks + [null] * (num_blocks - len(sinks))
-        get = self.cached_block
         if num_blocks >= need:  # the common case: the last window is cached
             last = list(map(get, block_hashes[(num_blocks - need + 1) * stride - 1:
                                               num_blocks * stride:stride]))

@@ -1,0 +1,102 @@
+"""The KV store interface: a second tier of KV blocks behind the device pool.
+
+A store maps byte keys to byte payloads. Keys of one request's blocks form a
+chain (each block's hash covers every block before it), so the queries a KV
+cache needs are prefix queries: the longest stored prefix of a run of keys,
+with or without reading the payloads. Stores are bounded and evict on their
+own; a key that was put may be gone later.
+
+Backends raise `StoreError` (or a subclass) for anything the store itself
+cannot do: unreachable, timed out, full, I/O failure. Callers treat every
+such error as a miss (recompute), never as a reason to fail a request.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class StoreError(Exception):
+    """The store could not serve a call (down, timed out, I/O failure)."""
+
+
+class StoreFull(StoreError):
+    """The store refused a write because it has no room (and does not evict)."""
+
+
+@dataclass
+class StoreStats:
+    """What a store holds now and what it has done (cumulative counters).
+
+    `capacity_bytes` is None when the store does not know its bound (a
+    Redis server sizes itself); `used_bytes` then counts what this client
+    wrote that it knows of, or what the server reports.
+    """
+
+    backend: str
+    keys: int = 0
+    used_bytes: int = 0
+    capacity_bytes: int | None = None
+    evicted_keys: int = 0
+
+
+class KVStore(ABC):
+    """Byte payloads under byte keys, with prefix queries over chains of keys.
+
+    Every method takes keys in chain order (the head of a prefix first). A
+    store that must evict drops later keys of a run before earlier ones
+    among equally recent data, so that what remains is still a prefix.
+    Implementations are safe to call from two threads (a background writer
+    and the engine).
+    """
+
+    #: the URL scheme, e.g. "cpu"
+    scheme: str = ""
+
+    @abstractmethod
+    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
+        """Store `values[i]` under `keys[i]`; return how many were stored.
+
+        A key already stored is refreshed (its value replaced). A value
+        larger than the whole store is skipped. Raises StoreError.
+        """
+
+    @abstractmethod
+    def get(self, keys: Sequence[bytes]) -> list[bytes]:
+        """Payloads of the longest stored prefix of `keys` (refreshing them).
+
+        `get([k0, k1, k2])` with k1 missing -> `[v0]`. Raises StoreError.
+        """
+
+    @abstractmethod
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is stored, reading no payload and refreshing nothing."""
+
+    def prefix_length(self, keys: Sequence[bytes]) -> int:
+        """How many leading keys are stored (a query: refreshes nothing)."""
+        n = 0
+        for present in self.contains(keys):
+            if not present:
+                break
+            n += 1
+        return n
+
+    @abstractmethod
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Remove these keys; return how many were stored. Raises StoreError."""
+
+    @abstractmethod
+    def stats(self) -> StoreStats:
+        """Current size and counters."""
+
+    def flush(self) -> None:  # noqa: B027 - optional for stores that write at once
+        """Make everything put so far durable (and visible to other processes)."""
+
+    def close(self) -> None:  # noqa: B027 - optional for stores holding nothing open
+        """Release connections and files; the store is unusable afterwards."""
+
+    def describe(self) -> str:
+        """A URL-like description for messages (no credentials)."""
+        return f"{self.scheme}://"

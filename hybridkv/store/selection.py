@@ -1,0 +1,93 @@
+"""Which evicted blocks are worth a place in the store.
+
+`hybrid` (default): every full-attention block (any prefix of a hit is a
+hit, so no block of a chain is useless); a sliding-window, chunked or Mamba
+block only when a likely hit needs it: the group rated it above low value
+when it was released (windows and states at junctions, prompt and request
+ends, the Mamba fallback grid; a sliding-window group also keeps the windows
+of its prompt's last 256 tokens), or it is a Mamba state in the last
+TAIL_TOKENS of a recent prompt (where a question or a new turn usually
+follows the shared part). A window block that a long prompt merely passed
+is left out: no hit can use it without the blocks after it.
+
+`all`: every evicted block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hybridkv.kv_cache.block_pool import Block
+from hybridkv.kv_cache.eviction import LOW_VALUE
+from hybridkv.kv_cache.managers.base import SingleTypeManager
+from hybridkv.kv_cache.request import Request
+from hybridkv.kv_cache.specs import (
+    ChunkedLocalAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+
+SELECTIONS = ("hybrid", "all")
+TAIL_TOKENS = 256
+MAX_TAIL_HASHES = 1 << 18  # per group: the tail blocks of the most recent prompts
+
+
+class RecentSet:
+    """A set keeping about the `capacity` most recently added items (two
+    generations: when the newer one fills, the older one is dropped)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(2, capacity)
+        self._new: set[bytes] = set()
+        self._old: set[bytes] = set()
+
+    def update(self, items: Sequence[bytes]) -> None:
+        self._new.update(items)
+        if len(self._new) > self.capacity // 2:
+            self._old, self._new = self._new, set()
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._new or item in self._old
+
+
+class Selection:
+    """`worth_storing(block)` for the groups of one manager."""
+
+    def __init__(self, managers: Sequence[SingleTypeManager], select: str = "hybrid") -> None:
+        if select not in SELECTIONS:
+            raise ValueError(f"kv store selection must be one of {SELECTIONS}, got {select!r}")
+        self.managers = managers
+        self.select = select
+        # per group: whether every block is stored, and the tail blocks of recent prompts
+        self.always = [select == "all" or m.downward_closed for m in managers]
+        self.tails = [RecentSet(MAX_TAIL_HASHES) for _ in managers]
+        self._noted = [g for g, m in enumerate(managers)
+                       if not self.always[g] and isinstance(m.spec, MambaSpec)]
+
+    def worth_storing(self, block: Block) -> bool:
+        g = block.group_id
+        return self.always[g] or block.value_hint != LOW_VALUE \
+            or block.block_hash in self.tails[g]
+
+    def note_prompt(self, request: Request, hashes: Sequence[bytes]) -> None:
+        """Remember the blocks a hit stopping in the last TAIL_TOKENS of this
+        prompt needs, in the groups whose own ratings do not keep them (Mamba
+        rates states between its anchors low; a sliding-window group already
+        keeps the windows of its prompt's tail, a chunked group rates nothing)."""
+        if self.select != "hybrid":
+            return
+        for g in self._noted:
+            m = self.managers[g]
+            end = request.num_prompt_tokens // m.block_size
+            start = max(0, end - TAIL_TOKENS // m.block_size - _reach_blocks(m.spec))
+            self.tails[g].update(m.group_hashes(hashes, end)[start:end])
+
+
+def _reach_blocks(spec: KVCacheSpec) -> int:
+    """Blocks before a stop that a hit there needs, beyond the stop's own."""
+    if isinstance(spec, SlidingWindowSpec):
+        return spec.num_window_blocks
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return spec.attention_chunk_size // spec.block_size
+    return 1

@@ -1,0 +1,380 @@
+"""KVTier: a KV store behind a KVCacheManager's device pool.
+
+Out: when the pool takes a cached block for new data (`on_evict`), the
+tier copies the block's pages out at once (they are overwritten next) and
+a background writer puts them in the store. Selection is hybrid-aware by
+default: full-attention blocks always (any prefix of a hit is a hit), the
+windows and Mamba states of other groups unless the group rated them low
+value (no likely hit stops where they are needed); `select="all"` stores
+every evicted block. `write_through=True` writes each block once its step
+has computed it instead.
+
+In: `extend_hit` runs after the pool's own lookup. It asks the store which
+of the request's missing blocks it holds, runs the hybrid fixed point over
+pool and store together (a group's rule is met when each block it needs is
+in either), and when that reaches further and the request would fit,
+imports the store's blocks into new pool blocks (checked payloads only),
+so the usual allocation path reuses them. Anything the store cannot give,
+or gives damaged, is simply not imported: the hit is shorter and the rest
+is recomputed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from hybridkv.kv_cache.block_pool import Block
+from hybridkv.kv_cache.events import BlockEvent, BlockStored
+from hybridkv.kv_cache.eviction import LOW_VALUE
+from hybridkv.kv_cache.external import EXTERNAL, ImportSlot
+from hybridkv.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from hybridkv.kv_cache.managers.base import Lookup
+from hybridkv.kv_cache.request import Request
+from hybridkv.store.base import KVStore, StoreStats
+from hybridkv.store.guard import StoreGuard
+from hybridkv.store.keys import KeySpace
+from hybridkv.store.pages import PageIO
+from hybridkv.store.payload import BlockLayout, PayloadError, decode_block
+from hybridkv.store.selection import Selection
+from hybridkv.store.stats import GroupTierStats, KVStoreStats
+from hybridkv.store.writer import DEFAULT_MAX_PENDING_BYTES, BackgroundWriter
+
+
+class TierHit(NamedTuple):
+    """A request's hit over pool and store (see `KVTier.extend_hit`)."""
+
+    blocks: KVCacheBlocks
+    num_tokens: int
+    num_external_tokens: int  # of num_tokens, reusable only because the store held them
+    must_wait: bool  # the store holds more than fits now: wait rather than recompute
+
+
+class KVTier:
+    """Connects `store` to `kv`'s pool, whose pages `pages` reads and writes.
+
+    `fingerprint` (16 bytes) names the model and cache layout in every key.
+    """
+
+    def __init__(self, kv: KVCacheManager, store: KVStore, pages: PageIO, fingerprint: bytes,
+                 *, write_through: bool = False, select: str = "hybrid",
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
+        self.kv = kv
+        self.managers = kv.coordinator.managers
+        self.store = store
+        self.guard = StoreGuard(store)
+        self.pages = pages
+        self.selection = Selection(self.managers, select)
+        self.write_through = bool(write_through)
+        self.keys = KeySpace(fingerprint, len(self.managers))
+        self.layouts = [BlockLayout(fingerprint, g, *_layout_fields(pages.layout(g)))
+                        for g in range(len(self.managers))]
+        self._stats = KVStoreStats(url=store.describe(),
+                                   groups=[GroupTierStats() for _ in self.managers])
+        self._lock = threading.Lock()  # stats written by the writer thread
+        self.writer = BackgroundWriter(self.guard, self.layouts, self._on_written,
+                                       max_pending_bytes=max_pending_bytes)
+        # (group, hash, block id) of blocks evicted since `before_step` / cached since
+        # `after_step` (write-through)
+        self._evicted_hashes: list[list[bytes]] = [[] for _ in self.managers]
+        self._evicted_ids: list[list[int]] = [[] for _ in self.managers]
+        self._num_evicted = 0
+        self._computed: list[tuple[int, bytes, int]] = []
+        self._importing = False
+        kv.on_evict(self._on_evict)
+        if self.write_through:
+            kv.subscribe(self._on_event)
+
+    # ---- in: hits through the store ----------------------------------------------
+
+    def extend_hit(self, request: Request, blocks: KVCacheBlocks, num_tokens: int,
+                   budget: int, can_wait: bool = True) -> TierHit:
+        """The pool's hit (`blocks`, `num_tokens`) extended by the store.
+
+        Imports blocks into the pool when the request, with up to `budget`
+        new tokens, then fits. When the store holds a longer hit that does
+        not fit yet, `must_wait` is set (if `can_wait`: other requests will
+        free blocks) instead of giving it up for a recompute.
+        """
+        kv = self.kv
+        align = kv.coordinator.alignment
+        limit = (request.num_tokens - 1) // align * align
+        pool_hit = TierHit(blocks, num_tokens, 0, False)
+        if not kv.enable_caching:
+            return pool_hit
+        hashes = request.block_hashes(kv.hash_algo, kv.hash_block_size)
+        self.selection.note_prompt(request, hashes)
+        if num_tokens >= limit:
+            return pool_hit
+        self._stats.lookups += 1
+        lookups = self._lookups(hashes, limit, num_tokens)
+        if lookups is None:
+            return pool_hit
+        hit, reach, _ = kv.find_cache_hit(request, lookups)
+        if reach <= num_tokens:
+            return pool_hit
+        num_new = min(request.num_tokens - reach, budget)
+        if kv.num_blocks_to_admit(request, hit, reach, num_new) > kv.num_free_blocks:
+            return pool_hit._replace(must_wait=can_wait)
+        if not self._import(hit, hashes):  # nothing arrived (gone, damaged, store down)
+            return pool_hit
+        new_blocks, new_tokens, matched = kv.find_cache_hit(request)
+        if new_tokens <= num_tokens:
+            return pool_hit
+        kv.note_junction(request, matched)  # where the prompt now diverges from the cache
+        gained = new_tokens - num_tokens
+        self._stats.hit_requests += 1
+        self._stats.hit_tokens += gained
+        return TierHit(new_blocks, new_tokens, gained, False)
+
+    def _lookups(self, hashes: Sequence[bytes], limit: int,
+                 num_pool_tokens: int) -> list[Lookup] | None:
+        """Per group, a lookup finding pool blocks or EXTERNAL for blocks the
+        store (or the writer's backlog) holds; None when the store cannot
+        take the hit past `num_pool_tokens`."""
+        upper = limit
+        found: list[set[bytes]] = [set() for _ in self.managers]
+        for g, m in enumerate(self.managers):
+            if not m.downward_closed:
+                continue
+            group_hashes = m.group_hashes(hashes, limit // m.block_size)
+            # the pool's hit holds the blocks before num_pool_tokens
+            reach = self._reach(g, group_hashes, num_pool_tokens // m.block_size, found[g]) \
+                if m.accepts_lookup else num_pool_tokens // m.block_size
+            upper = min(upper, reach * m.block_size)
+        upper = upper // self.kv.coordinator.alignment * self.kv.coordinator.alignment
+        if upper <= num_pool_tokens:
+            return None
+        self._find_others(hashes, upper, found)
+        return [self._lookup(g, found[g]) for g in range(len(self.managers))]
+
+    def _find_others(self, hashes: Sequence[bytes], upper: int, found: list[set[bytes]]) -> None:
+        """Fill `found` for the groups that are not full attention: which of
+        their blocks below `upper` missing from the pool are held (one query)."""
+        asked: list[tuple[int, bytes]] = []
+        for g, m in enumerate(self.managers):
+            if m.downward_closed or not m.accepts_lookup:
+                continue
+            table = self.kv.pool.cached[g]
+            asked += [(g, h) for h in m.group_hashes(hashes, upper // m.block_size)
+                      if h not in table]
+        if asked:
+            present = self._held([self.keys.key(g, h) for g, h in asked])
+            for (g, h), ok in zip(asked, present):
+                if ok:
+                    found[g].add(h)
+
+    def _lookup(self, group_id: int, found: set[bytes]) -> Lookup:
+        get = self.kv.pool.cached[group_id].get
+        if not found:
+            return get
+
+        def lookup(block_hash: bytes) -> Block | None:
+            block = get(block_hash)
+            if block is None and block_hash in found:
+                return EXTERNAL
+            return block
+
+        return lookup
+
+    def _reach(self, group_id: int, hashes: Sequence[bytes], start: int,
+               found: set[bytes]) -> int:
+        """How many leading blocks of a full-attention group the pool, the writer's
+        backlog or the store hold, from `start` on; adds the ones only the latter
+        two hold to `found`. One store query per run of blocks the store holds."""
+        table = self.kv.pool.cached[group_id]
+        keys = self.keys.keys(group_id, hashes[start:])
+        n = start
+        while n < len(hashes):
+            if hashes[n] in table:
+                n += 1
+            elif self.writer.has(keys[n - start]):
+                found.add(hashes[n])
+                n += 1
+            else:
+                stored = self.guard.prefix_length(keys[n - start:])
+                if not stored:
+                    break
+                found.update(hashes[n:n + stored])
+                n += stored
+        return n
+
+    def _held(self, keys: Sequence[bytes]) -> list[bool]:
+        out = [self.writer.has(k) for k in keys]
+        ask = [i for i, held in enumerate(out) if not held]
+        if ask:
+            for i, present in zip(ask, self.guard.contains([keys[i] for i in ask])):
+                out[i] = present
+        return out
+
+    # ---- importing -------------------------------------------------------------------
+
+    def _import(self, hit: KVCacheBlocks, hashes: Sequence[bytes]) -> bool:
+        """Load the hit's EXTERNAL blocks into new pool blocks; True if any arrived."""
+        wanted: list[tuple[int, bytes]] = []
+        for g, (m, group_blocks) in enumerate(zip(self.managers, hit.blocks)):
+            group_hashes = m.group_hashes(hashes, len(group_blocks))
+            wanted += [(g, group_hashes[i]) for i, b in enumerate(group_blocks)
+                       if b is EXTERNAL]
+        imp = self.kv.begin_import(hit, wanted)
+        if imp is None:  # (not after the caller's check: holding frees nothing)
+            return False
+        self.before_step()  # blocks the import took may hold evicted data: copy it out first
+        t0, c0 = time.perf_counter(), time.thread_time()
+        self._importing = True
+        try:
+            loaded = self._load(imp.slots)
+            self.kv.end_import(imp, loaded)
+        finally:
+            self._importing = False
+        self._stats.load_seconds += time.perf_counter() - t0
+        self._stats.load_cpu_seconds += time.thread_time() - c0
+        return any(loaded)
+
+    def _load(self, slots: Sequence[ImportSlot]) -> list[bool]:
+        """Read, check and copy in each slot's block; which ones arrived."""
+        loaded = [False] * len(slots)
+        by_group: dict[int, list[int]] = {}
+        for j, slot in enumerate(slots):
+            by_group.setdefault(slot.group_id, []).append(j)
+        for g, js in by_group.items():
+            keys = [self.keys.key(g, slots[j].block_hash) for j in js]
+            data = self._read(g, keys)
+            ok = [i for i, d in enumerate(data) if d is not None]
+            if not ok:
+                continue
+            self.pages.scatter(g, [slots[js[i]].block.block_id for i in ok],
+                               [data[i] for i in ok])  # type: ignore[misc]
+            for i in ok:
+                loaded[js[i]] = True
+            stats = self._stats.groups[g]
+            stats.loaded_blocks += len(ok)
+            stats.loaded_tokens += len(ok) * self.managers[g].block_size
+            stats.read_bytes += len(ok) * self.layouts[g].data_bytes
+        return loaded
+
+    def _read(self, group_id: int, keys: list[bytes]) -> list[bytes | memoryview | None]:
+        """Checked block data per key (None: not available or rejected)."""
+        data: list[bytes | memoryview | None] = [self.writer.read(k) for k in keys]
+        ask = [i for i, d in enumerate(data) if d is None]
+        if not ask:
+            return data
+        values = self.guard.get([keys[i] for i in ask])
+        layout = self.layouts[group_id]
+        for i, value in zip(ask, values):
+            try:
+                data[i] = decode_block(layout, keys[i], value)
+            except PayloadError as e:
+                self._reject(group_id, keys[i], e)
+        return data
+
+    def _reject(self, group_id: int, key: bytes, error: PayloadError) -> None:
+        self._stats.groups[group_id].rejected_blocks += 1
+        self.guard.warn_once("rejected", f"kv store {self.store.describe()}: rejected a stored "
+                                         f"block ({error}); it is recomputed and deleted")
+        self.guard.delete([key])
+
+    # ---- out: evicted (or computed) blocks to the store -------------------------------
+
+    def _on_evict(self, blocks: list[Block]) -> None:
+        """The pool takes these cached blocks for new data: note the ones worth
+        storing; `before_step` copies them out before anything overwrites them."""
+        if self.write_through:
+            return  # written when computed
+        hashes, ids = self._evicted_hashes, self._evicted_ids
+        always, tails, low = self.selection.always, self.selection.tails, LOW_VALUE
+        for block in blocks:  # `Selection.worth_storing`, inlined: a call per block counts
+            g = block.group_id
+            if always[g] or block.value_hint != low or block.block_hash in tails[g]:
+                hashes[g].append(block.block_hash)
+                ids[g].append(block.block_id)
+        self._num_evicted += len(blocks)
+
+    def before_step(self) -> None:
+        """Copy out the blocks evicted since the last call and hand them to the
+        writer. The engine calls this after scheduling, before the model step
+        writes into the blocks the pool handed out (and the tier before it loads
+        blocks into new ones): one copy per group per step."""
+        if not self._num_evicted:
+            return
+        self._num_evicted = 0
+        for g, (hashes, ids) in enumerate(zip(self._evicted_hashes, self._evicted_ids)):
+            if hashes:
+                hashes.reverse()  # the chains' heads first: a request's tail is evicted first
+                ids.reverse()
+                self.writer.submit(g, self.keys.keys(g, hashes), self.pages.gather(g, ids))
+                self._evicted_hashes[g], self._evicted_ids[g] = [], []
+
+    def after_step(self) -> None:
+        """Write-through: store the blocks cached since the last step (the step
+        just computed them). Nothing to do in write-behind mode."""
+        if self._computed:
+            entries, self._computed = self._computed, []
+            self._submit(entries)
+
+    def _submit(self, entries: list[tuple[int, bytes, int]]) -> None:
+        """Copy (group, hash, block id) blocks out of the pages; queue them."""
+        by_group: dict[int, tuple[list[bytes], list[int]]] = {}
+        for g, block_hash, block_id in entries:
+            hashes, ids = by_group.setdefault(g, ([], []))
+            hashes.append(block_hash)
+            ids.append(block_id)
+        for g, (hashes, ids) in by_group.items():
+            self.writer.submit(g, self.keys.keys(g, hashes), self.pages.gather(g, ids))
+
+    def _on_event(self, event: BlockEvent) -> None:
+        if type(event) is BlockStored and not self._importing:
+            self._computed.append((event.group_id, event.block_hash, event.block_id))
+
+    def _on_written(self, group_id: int, num_blocks: int, num_bytes: int,
+                    seconds: float) -> None:
+        with self._lock:
+            self._stats.groups[group_id].written_blocks += num_blocks
+            self._stats.groups[group_id].written_bytes += num_bytes
+            self._stats.store_seconds += seconds
+
+    # ---- admin -------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every block handed to the writer is in the store (or
+        dropped), and make the store write out what it buffers. (Blocks evicted
+        since the last `before_step` are not handed over yet.)"""
+        done = self.writer.flush(timeout)
+        self.guard.flush()
+        return done
+
+    def stats(self) -> KVStoreStats:
+        """A snapshot of the counters, with the store's own (size, keys)."""
+        with self._lock:
+            out = self._stats.snapshot()
+        groups = out.groups
+        out.loaded_blocks = sum(s.loaded_blocks for s in groups)
+        out.read_bytes = sum(s.read_bytes for s in groups)
+        out.written_blocks = sum(s.written_blocks for s in groups)
+        out.written_bytes = sum(s.written_bytes for s in groups)
+        out.rejected_blocks = sum(s.rejected_blocks for s in groups)
+        out.dropped_blocks = self.writer.dropped_blocks
+        out.errors, out.skipped_calls = self.guard.errors, self.guard.skipped_calls
+        out.available = self.guard.available
+        out.store = self._store_stats()
+        return out
+
+    def _store_stats(self) -> StoreStats | None:
+        if not self.guard.available:
+            return None
+        try:
+            return self.store.stats()
+        except Exception:  # noqa: BLE001 - stats are best effort
+            return None
+
+    def close(self) -> None:
+        """Write what is queued, stop the writer, close the store."""
+        self.writer.close()
+        self.store.close()
+
+
+def _layout_fields(layout: tuple[int, int, str]) -> tuple[str, int, int]:
+    num_layers, layer_bytes, dtype = layout
+    return dtype, num_layers, layer_bytes
