@@ -1,14 +1,20 @@
-"""Build of the optional C accelerator; the project metadata lives in pyproject.toml.
+"""Build of the C hashing extension; the project metadata lives in pyproject.toml.
 
-`hybridkv.kv_cache._chainhash` (chained block hashing) needs a C compiler, the
-OpenSSL headers and libcrypto (Debian: libssl-dev) and the xxHash header and
-library (Debian: libxxhash-dev). When any of them is missing the build still
-succeeds without the extension and `hybridkv.kv_cache.hashing` uses its
-pure-Python loop, which gives the same digests, only slower.
+`hybridkv.kv_cache._chainhash` (chained block hashing) needs only a C compiler
+and Python's headers: SHA-256 is written in the package (`_sha256.c`, with the
+x86 SHA extensions picked at run time) and xxHash is the vendored header-only
+library (`_vendor/xxhash.h`, BSD-2-Clause). It links no library.
+
+When it cannot be built (no compiler, no Python headers) the install still
+succeeds, prints a warning and leaves the reason in
+`hybridkv/kv_cache/_chainhash.build-error.txt`; `hybridkv.kv_cache.hashing`
+then warns once and hashes in pure Python (same digests, about 7x slower).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 
 from setuptools import Extension, setup
@@ -16,34 +22,85 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 _BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError)
+_KV_CACHE = os.path.join("hybridkv", "kv_cache")
+BUILD_ERROR_FILE = "_chainhash.build-error.txt"
 
 CHAINHASH = Extension(
     "hybridkv.kv_cache._chainhash",
-    sources=["hybridkv/kv_cache/_chainhash.c"],
-    libraries=["crypto", "xxhash"],
+    sources=[os.path.join(_KV_CACHE, "_chainhash.c"), os.path.join(_KV_CACHE, "_sha256.c")],
+    depends=[os.path.join(_KV_CACHE, "_sha256.h"),
+             os.path.join(_KV_CACHE, "_vendor", "xxhash.h")],
+    include_dirs=[_KV_CACHE],
     optional=True,
 )
 
 
-def _warn(ext_name: str, err: BaseException) -> None:
-    print(f"WARNING: optional extension {ext_name} not built ({type(err).__name__}: {err}); "
-          "hybridkv falls back to pure Python hashing", file=sys.stderr)
+def _banner(ext_name: str, reason: str) -> None:
+    line = "=" * 78
+    print(f"\n{line}\nWARNING: hybridkv's C hashing extension {ext_name} was NOT built:\n"
+          f"  {reason}\nhybridkv still works, but block hashing falls back to pure Python "
+          f"(~7x slower).\nInstall a C compiler and Python's headers (Debian: apt-get install "
+          f"gcc python3-dev)\nand reinstall to get the fast path.\n{line}\n", file=sys.stderr)
 
 
 class OptionalBuildExt(build_ext):
-    """build_ext that skips a C extension it cannot build instead of failing."""
+    """build_ext that skips a C extension it cannot build, loudly, instead of failing.
+
+    The reason is written beside where the module would be (the build folder
+    and, for in-place and editable builds, the source package), so that the
+    package can name it at run time: pip hides build output.
+    """
 
     def run(self) -> None:
+        self._failures: dict[str, str] = {}
+        inplace = self.inplace or getattr(self, "editable_mode", False)
         try:
             super().run()
         except _BUILD_ERRORS as err:  # no compiler at all, broken toolchain
-            _warn("extensions", err)
+            for ext in self.extensions:
+                self._failures.setdefault(ext.name, _reason(err))
+        for ext in self.extensions:
+            reason = self._failures.get(ext.name)
+            if reason is not None:
+                _banner(ext.name, reason)
+            for folder in self._module_folders(ext, inplace):
+                _write_marker(folder, reason)
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
-        except _BUILD_ERRORS as err:  # missing header or library, compile error
-            _warn(ext.name, err)
+        except _BUILD_ERRORS as err:  # compile or link error
+            self._failures[ext.name] = _reason(err)
+
+    def _module_folders(self, ext: Extension, inplace: bool) -> list[str]:
+        folders = [os.path.dirname(os.path.join(self.build_lib, self.get_ext_filename(ext.name)))]
+        if inplace:
+            package = ext.name.rpartition(".")[0]
+            folders.append(self.get_finalized_command("build_py").get_package_dir(package))
+        return folders
+
+
+def _reason(err: BaseException) -> str:
+    """One line: the error, with a failed compiler command shortened to its program."""
+    text = (str(err).strip() or "no message").splitlines()[0]
+    failed = re.search(r"Command '\['([^']+)'.*returned non-zero exit status (\d+)", text)
+    if failed:
+        text = (f"the compiler ({failed.group(1)}) exited with status {failed.group(2)}; "
+                f"pip install -v shows its messages")
+    text = f"{type(err).__name__}: {text}"
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _write_marker(folder: str, reason: str | None) -> None:
+    """Record `reason` in `folder`, or remove a stale record when the build worked."""
+    path = os.path.join(folder, BUILD_ERROR_FILE)
+    if reason is None:
+        if os.path.exists(path):
+            os.remove(path)
+        return
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(reason + "\n")
 
 
 setup(ext_modules=[CHAINHASH], cmdclass={"build_ext": OptionalBuildExt})

@@ -13,6 +13,9 @@ Every request is one shared document (2,048 tokens by default) plus a unique
     python benchmarks/bench_engine.py --preset gemma3-tiny
     python benchmarks/bench_engine.py --preset jamba-tiny --num-requests 16
 
+Results go to `--out DIR/engine_PRESET.json` (default ./hybridkv-bench-output);
+`--quick` runs 9 short requests once.
+
 `--config-overrides` changes the preset's shape (JSON of config values), e.g. a model with
 Gemma 3 1B's proportions at a quarter of its width (5 sliding layers of window 512 per
 global one, one kv head, MLP 6x wide):
@@ -43,7 +46,7 @@ import statistics
 import time
 
 import torch
-from common import write_result
+from common import add_common_args, prepare_out, write_result
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.models.presets import build_preset_model, get_preset
@@ -180,8 +183,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--config-overrides", default=None,
                     help="JSON of config values replacing the preset's (another model shape), "
                          "or a file holding it")
-    ap.add_argument("--json-out", default=None)
+    ap.add_argument("--json-out", default=None, help="name of the JSON file in --out "
+                    "(default: engine_PRESET.json)")
+    add_common_args(ap)
     args = ap.parse_args(argv)
+    prepare_out(args.out)
+    if args.quick:  # a few small requests, one repeat: seconds
+        args.num_requests, args.doc_len, args.question_len, args.output_len = 9, 256, 16, 2
+        args.repeats, args.throughput_repeats, args.hf_requests = 1, 1, 1
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     model = build_model(args)
     doc, questions = make_workload(args.num_requests, args.doc_len, args.question_len,
@@ -193,7 +202,9 @@ def main(argv: list[str] | None = None) -> dict:
         result["throughput"] = throughput(model, doc, questions, args)
         print(json.dumps(result["throughput"]), flush=True)
     name = f"engine_{args.preset}" + ("_overrides" if args.config_overrides else "")
-    print("wrote", write_result(name, result, args.json_out))
+    if args.json_out:
+        name = os.path.splitext(os.path.basename(args.json_out))[0]
+    print("wrote", write_result(name, result, args.out))
     return result
 
 

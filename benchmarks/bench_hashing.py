@@ -1,35 +1,33 @@
 """Block hashing throughput: ns per token of `compute_block_hashes`, block size 16.
 
-    python benchmarks/bench_hashing.py [--repeats 9] [--sizes 1024,8192] [--out FILE]
+    python benchmarks/bench_hashing.py [--repeats 9] [--sizes 1024,8192] [--out DIR] [--quick]
 
-Prompts are the fixed token streams of the shared benchmark traces
-(`traces.make_hash_prompt`), or the same SplitMix64 streams regenerated here
-when that module is not found. Each cell is the median of `--repeats` timed
-calls after one warm-up call. Both the C fast path and the pure-Python
-reference path are measured (the latter by disabling the extension in
+Prompts are fixed SplitMix64 token streams (the same ids as the shared
+benchmark's `traces.make_hash_prompt`, regenerated here). Each cell is the
+median of `--repeats` timed calls after one warm-up call. Three paths are
+measured: the C extension with the CPU's best SHA-256 (SHA-NI where the CPU
+has it), the C extension with its portable SHA-256 (xxhash is the same code
+in both), and the pure-Python reference path (the extension disabled in
 `hybridkv.kv_cache.hashing`). Results and machine details go to
-`benchmarks/results/hashing.json`.
+`DIR/hashing.json`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import ssl
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import xxhash
+from common import add_common_args, prepare_out, write_result
 
 from hybridkv.kv_cache import hashing
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "hashing.json"
 SIZES = (1024, 8192, 32768, 131072)
+QUICK_SIZES = (1024, 8192)
 BLOCK_SIZE = 16
 TARGETS = {"sha256": 15.0, "xxhash": 8.0}  # ns/token, C path
 _MASK64 = (1 << 64) - 1
@@ -46,19 +44,6 @@ def _splitmix_tokens(num_tokens: int, vocab_size: int = 32000) -> list[int]:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
         out.append((z ^ (z >> 31)) % vocab_size)
     return out
-
-
-def load_prompt_maker():
-    """(make_prompt(n), source name): the shared traces module if importable."""
-    try:
-        import traces  # type: ignore[import-not-found]
-    except ImportError:
-        sys.path.insert(0, str(REPO.parent / "shared" / "bench"))
-        try:
-            import traces  # type: ignore[import-not-found]
-        except ImportError:
-            return _splitmix_tokens, "splitmix64 (built in)"
-    return traces.make_hash_prompt, "traces.make_hash_prompt"
 
 
 def ns_per_token(tokens: list[int], algo: str, repeats: int) -> float:
@@ -95,7 +80,8 @@ def machine_info() -> dict[str, object]:
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        "openssl": ssl.OPENSSL_VERSION,
+        "openssl_of_hashlib": ssl.OPENSSL_VERSION,
+        "hashing_backend": hashing.hashing_backend().describe(),
         "xxhash_python": xxhash.VERSION,
         "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
@@ -103,40 +89,54 @@ def machine_info() -> dict[str, object]:
 
 def print_table(path: str, rows: dict[str, dict[str, float]]) -> None:
     sizes = list(next(iter(rows.values())))
-    print(f"{path:>6} {'algo':>7} " + " ".join(f"{s:>9}" for s in sizes) + "   (ns/token)")
+    print(f"{path:>14} {'algo':>7} " + " ".join(f"{s:>9}" for s in sizes) + "   (ns/token)")
     for algo, row in rows.items():
-        print(f"{'':>6} {algo:>7} " + " ".join(f"{row[s]:>9.2f}" for s in sizes))
+        print(f"{'':>14} {algo:>7} " + " ".join(f"{row[s]:>9.2f}" for s in sizes))
+
+
+def bench_paths(prompts: dict[int, list[int]], repeats: int) -> dict[str, dict]:
+    """{path: {algo: {num_tokens: ns/token}}}: C (best SHA-256), C portable, Python."""
+    paths = {}
+    extension = hashing._chainhash
+    if extension is not None:
+        best = extension.force_portable_sha256(False)
+        paths[f"c ({best})"] = bench_path(prompts, repeats)
+        if best != "portable":
+            try:
+                extension.force_portable_sha256(True)
+                paths["c (portable)"] = bench_path(prompts, repeats)
+            finally:
+                extension.force_portable_sha256(False)
+    try:
+        hashing._chainhash = None
+        paths["python"] = bench_path(prompts, repeats)
+    finally:
+        hashing._chainhash = extension
+    return paths
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    ap.add_argument("--sizes", default=None, help=f"default {','.join(map(str, SIZES))}")
     ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    add_common_args(ap)
     args = ap.parse_args(argv)
     if args.repeats < 5:
         ap.error("--repeats must be >= 5")
-    make_prompt, source = load_prompt_maker()
-    prompts = {n: make_prompt(n) for n in map(int, args.sizes.split(","))}
+    prepare_out(args.out)
+    sizes = args.sizes.split(",") if args.sizes else (QUICK_SIZES if args.quick else SIZES)
+    prompts = {n: _splitmix_tokens(n) for n in map(int, sizes)}
+    repeats = 5 if args.quick else args.repeats
     machine = machine_info()  # load average as the runs start
-    paths = {}
-    extension = hashing._chainhash
-    if extension is not None:
-        paths["c"] = bench_path(prompts, args.repeats)
-    try:
-        hashing._chainhash = None
-        paths["python"] = bench_path(prompts, args.repeats)
-    finally:
-        hashing._chainhash = extension
+    paths = bench_paths(prompts, repeats)
     result = {"benchmark": "compute_block_hashes", "unit": "ns/token", "statistic": "median",
-              "block_size": BLOCK_SIZE, "repeats": args.repeats, "token_source": source,
-              "extension_built": extension is not None, "targets_c": TARGETS,
-              "machine": machine, "paths": paths}
+              "block_size": BLOCK_SIZE, "repeats": repeats,
+              "token_source": "splitmix64 (traces.make_hash_prompt ids)",
+              "extension_built": hashing._chainhash is not None, "targets_c": TARGETS,
+              "machine_details": machine, "paths": paths}
     for path, rows in paths.items():
         print_table(path, rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print("wrote", write_result("hashing", result, args.out))
     return result
 
 

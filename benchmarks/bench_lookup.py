@@ -5,7 +5,7 @@ For each type a single-group manager caches one prompt of N tokens (1k to
 prompt (hashes computed beforehand, so only the search is timed). The cost
 must grow at most linearly in the blocks a search actually looks up.
 
-    python benchmarks/bench_lookup.py [--lengths 1024,8192,32768,131072]
+    python benchmarks/bench_lookup.py [--lengths 1024,8192,32768,131072] [--out DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import random
 import statistics
 import time
 
-from common import write_result
+from common import add_common_args, prepare_out, write_result
 
 from hybridkv import (
     ChunkedLocalAttentionSpec,
@@ -64,14 +64,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="1024,8192,32768,131072")
     ap.add_argument("--repeats", type=int, default=15)
+    add_common_args(ap)
     args = ap.parse_args(argv)
+    prepare_out(args.out)
+    if args.quick:
+        args.lengths, args.repeats = "1024,8192", 3
     result: dict[str, dict] = {}
     for name, spec in TYPES.items():
         result[name] = {}
         for length in map(int, args.lengths.split(",")):
             result[name][str(length)] = measure(spec, length, args.repeats)
             print(f"{name:22s} {length:>7} tokens: {result[name][str(length)]}")
-    print("wrote", write_result("lookup", {"lookup": result, "block_size": BLOCK}))
+    print("wrote", write_result("lookup", {"lookup": result, "block_size": BLOCK}, args.out))
     return result
 
 

@@ -7,14 +7,14 @@ states it keeps held off the list until it ends (`get_retained_block_ids`)
 and, at the end, how many boundary states stay cached for later hits, for checkpoint
 intervals 1 (every boundary), 4 and 16.
 
-    python benchmarks/bench_mamba_state.py
+    python benchmarks/bench_mamba_state.py [--out DIR] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 
-from common import write_result
+from common import add_common_args, prepare_out, write_result
 
 from hybridkv import (
     FullAttentionSpec,
@@ -52,13 +52,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--decode-len", type=int, default=4096)
     ap.add_argument("--block-size", type=int, default=16)
+    add_common_args(ap)
     args = ap.parse_args(argv)
+    prepare_out(args.out)
+    if args.quick:
+        args.prompt_len, args.decode_len = 256, 256
     result = {}
     for interval in (1, 4, 16):
         result[str(interval)] = run(interval, args.prompt_len, args.decode_len, args.block_size)
         print(f"checkpoint every {interval:2d} boundaries: {result[str(interval)]}")
     print("wrote", write_result("mamba_state", {"by_checkpoint_interval": result,
-                                                "args": vars(args)}))
+                                                "args": vars(args)}, args.out))
     return result
 
 

@@ -3,7 +3,7 @@
 For pools of 1k to 1M blocks: take + cache a batch of blocks, free them,
 touch them back (a hit), free again, evict. Reports ns per block operation.
 
-    python benchmarks/bench_pool.py [--sizes 1000,10000,100000,1000000]
+    python benchmarks/bench_pool.py [--sizes 1000,10000,100000,1000000] [--out DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import statistics
 import time
 
-from common import write_result
+from common import add_common_args, prepare_out, write_result
 
 from hybridkv.kv_cache.block_pool import BlockPool
 
@@ -56,12 +56,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,10000,100000,1000000")
     ap.add_argument("--rounds", type=int, default=200)
+    add_common_args(ap)
     args = ap.parse_args(argv)
+    prepare_out(args.out)
+    if args.quick:
+        args.sizes, args.rounds = "1000,10000", 20
     result = {}
     for size in map(int, args.sizes.split(",")):
         result[str(size)] = bench_size(size, args.rounds)
         print(f"{size:>9} blocks  ns/block: {result[str(size)]}")
-    print("wrote", write_result("pool", {"ns_per_block": result, "batch": BATCH}))
+    print("wrote", write_result("pool", {"ns_per_block": result, "batch": BATCH}, args.out))
     return result
 
 

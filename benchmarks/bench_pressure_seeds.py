@@ -1,25 +1,38 @@
 """Hit rate under pressure over several trace seeds, per eviction policy.
 
-The pressure workloads (../shared/bench/pressure_traces.py) are fixed-seed
-traces; a retention rule can look better or worse on one trace by chance
-(which prefix happens to be evicted first changes everything after it). This
-runs the same settings with other seeds and reports the mean per policy, so a
-policy change is judged on more than the one trace the targets use.
+The pressure workloads (`hybridkv.tools.pressure`) are fixed-seed traces; a
+retention rule can look better or worse on one trace by chance (which prefix
+happens to be evicted first changes everything after it). This runs the same
+settings with other seeds and reports the mean per policy, so a policy change
+is judged on more than the one trace of `bench_pressure.py`. Writes
+DIR/pressure_seeds.json.
 
     python benchmarks/bench_pressure_seeds.py [--seeds 6] [--policies lru,hybrid]
         [--configs full,swa,mamba] [--settings multi_turn@40,fewshot@50,long_doc@40]
+        [--out DIR] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
-import sys
 import time
 import warnings
 
-from common import shared_bench_dir, write_result
+from common import add_common_args, prepare_out, write_result
+
+from hybridkv.tools.pressure import SETTINGS, run_setting
+
+
+def run_row(name: str, config: str, policies: list[str], seeds: int, quick: bool) -> dict:
+    """Per policy: the mean hit rate over `seeds` traces (seed k: the official seed + 100 k)."""
+    base = SETTINGS[name].seed
+    row: dict = {"setting": name, "config": config}
+    for policy in policies:
+        hits = [run_setting(name, config, policy=policy, seed=base + 100 * k,
+                            quick=quick)["hit_rate"] for k in range(seeds)]
+        row[policy] = {"mean": round(statistics.mean(hits), 4), "per_seed": hits}
+    return row
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -27,44 +40,28 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seeds", type=int, default=6, help="trace seeds: the official one + N-1")
     ap.add_argument("--policies", default="lru,hybrid")
     ap.add_argument("--configs", default="full,swa,mamba")
-    ap.add_argument("--settings", default="multi_turn@40,fewshot@50,long_doc@40")
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    add_common_args(ap)
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
-    sys.path.insert(0, shared_bench_dir())
-    import hybridkv_bench as hb  # noqa: E402  (the shared runner's adapter and configs)
-    import pressure_bench as pb  # noqa: E402
-    import traces  # noqa: E402
-
+    prepare_out(args.out)
+    seeds = 2 if args.quick else args.seeds
+    policies = args.policies.split(",")
     warnings.simplefilter("ignore", RuntimeWarning)  # the repeated-miss warning is expected
     rows = []
     t0 = time.perf_counter()
     for name in args.settings.split(","):
-        if name not in pb.SETTINGS:
-            ap.error(f"unknown setting {name!r}; known: {', '.join(pb.SETTINGS)}")
-        settings = []
-        for k in range(args.seeds):
-            spec = copy.deepcopy(pb.SETTINGS[name])
-            spec["kwargs"]["seed"] += 100 * k  # k = 0: the official trace
-            settings.append(pb.Setting(name, spec, False))
+        if name not in SETTINGS:
+            ap.error(f"unknown setting {name!r}; known: {', '.join(SETTINGS)}")
         for config in args.configs.split(","):
-            row = {"setting": name, "config": config}
-            for policy in args.policies.split(","):
-                hits = []
-                for st in settings:
-                    cfg = hb.make_config(config, st.num_blocks(config, False), pb.WINDOW)
-                    eng = hb.HybridkvEngine(cfg, "sha256")
-                    eng.mgr = hb.hybridkv.KVCacheManager(cfg, eviction_policy=policy)
-                    res = traces.replay(st.trace, eng, max_running=st.max_running,
-                                        max_batched_tokens=8192)
-                    hits.append(round(res.hit_rate, 4))
-                row[policy] = {"mean": round(statistics.mean(hits), 4), "per_seed": hits}
-            rows.append(row)
+            rows.append(run_row(name, config, policies, seeds, args.quick))
             print(f"{name:14s} {config:6s} " + "  ".join(
-                f"{p} mean {row[p]['mean']:.4f} {row[p]['per_seed']}"
-                for p in args.policies.split(",")), flush=True)
+                f"{p} mean {rows[-1][p]['mean']:.4f} {rows[-1][p]['per_seed']}"
+                for p in policies), flush=True)
     print(f"({time.perf_counter() - t0:.0f} s)")
-    print("wrote", write_result("pressure_seeds", {"seeds": args.seeds, "rows": rows}))
+    print("wrote", write_result("pressure_seeds", {"seeds": seeds, "rows": rows,
+                                                   "args": vars(args)}, args.out))
     return {"rows": rows}
 
 

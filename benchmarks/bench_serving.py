@@ -27,10 +27,10 @@ Three measurements, each against a real server subprocess on 127.0.0.1:
    p99 TTFT passes `--give-up-ttft`.
 
     python benchmarks/bench_serving.py --out /tmp/bench-serving
-    python benchmarks/bench_serving.py --quick       # fewer rates and requests
+    python benchmarks/bench_serving.py --quick       # one rate, a few requests: checks it runs
 
-Writes `serving_<preset>.json` and `ttft_vs_rate.png` into `--out` (default:
-a folder in the system temp dir, never the source tree).
+Writes `serving_<preset>.json` and `ttft_vs_rate.png` into `--out` (default
+`./hybridkv-bench-output`, which git ignores).
 """
 
 from __future__ import annotations
@@ -43,12 +43,11 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 
 import httpx
-from common import machine
+from common import add_common_args, prepare_out, write_result
 
 # ---- servers -------------------------------------------------------------------------
 
@@ -407,8 +406,6 @@ def plot(result: dict, path: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="gemma3-tiny")
-    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(),
-                                                  "hybridkv-bench-serving"))
     ap.add_argument("--rates", default="2,4,8,16,32,64,128")
     ap.add_argument("--workloads", default="shared_documents,multi_turn")
     ap.add_argument("--duration", type=float, default=8.0, help="seconds of arrivals per rate")
@@ -421,14 +418,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the server")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", default="", help="comma list of overhead,ttft,sweep to skip")
-    ap.add_argument("--quick", action="store_true", help="rates 4,16,64; fewer requests")
+    add_common_args(ap)
     args = ap.parse_args(argv)
-    if args.quick:
-        args.rates, args.duration, args.overhead_requests, args.ttft_repeats = "4,16,64", 4, 30, 7
+    if args.quick:  # checks the script runs: one rate, few requests
+        args.rates, args.duration, args.min_requests = "8", 1.0, 4
+        args.overhead_requests, args.ttft_repeats = 5, 2
     args.rates = [float(r) for r in args.rates.split(",")]
-    os.makedirs(args.out, exist_ok=True)
+    prepare_out(args.out)
     skip = set(filter(None, args.skip.split(",")))
-    result: dict = {"preset": args.preset, "config": vars(args), "machine": machine()}
+    result: dict = {"preset": args.preset, "config": vars(args)}
     if "overhead" not in skip:
         result["overhead"] = overhead(args, args.out)
     if "ttft" not in skip:
@@ -436,10 +434,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "sweep" not in skip:
         result["sweep"] = sweep(args, args.out)
         plot(result["sweep"], os.path.join(args.out, "ttft_vs_rate.png"))
-    path = os.path.join(args.out, f"serving_{args.preset}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-    print("wrote", path)
+    print("wrote", write_result(f"serving_{args.preset}", result, args.out))
     return result
 
 

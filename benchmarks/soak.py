@@ -3,9 +3,10 @@
 Runs fresh random examples of the stateful machine over every config and
 both eviction policies until the time is up; prints the examples run, the
 rule steps and the violations found (each with hypothesis's minimal failing
-program), and writes benchmarks/results/soak.json.
+program), and writes DIR/soak.json (`--out DIR`).
 
     python benchmarks/soak.py --minutes 5 [--configs full,sliding] [--examples-per-run 50]
+        [--out DIR] [--quick]
 
 Exit code 1 when a violation was found.
 """
@@ -14,9 +15,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 
-from common import write_result
+from common import add_common_args, prepare_out, write_result
 
 from hybridkv.testing.fuzz import CONFIGS, run_fuzz
 
@@ -28,11 +28,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated config names (default: all)")
     ap.add_argument("--examples-per-run", type=int, default=50)
     ap.add_argument("--steps", type=int, default=50, help="rule steps per example (at most)")
+    add_common_args(ap)
     args = ap.parse_args(argv)
+    prepare_out(args.out)
+    if args.quick:
+        args.minutes, args.examples_per_run = 0.05, 10
     if not args.minutes > 0:
         ap.error(f"--minutes must be > 0, got {args.minutes}")
     names = [n for n in args.configs.split(",") if n]
-    warnings.filterwarnings("ignore", "prefix caching:", RuntimeWarning)  # tiny pools
     result = run_fuzz(args.minutes * 60, config_names=names,
                       examples_per_run=args.examples_per_run, steps=args.steps)
     stats = result.stats
@@ -48,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(args), "seconds": round(result.seconds, 1), "runs": result.runs,
         "stats": stats.as_dict(), "num_violations": len(result.violations),
         "violations": result.violations,
-    })
+    }, args.out)
     print("wrote", path)
     return 1 if result.violations else 0
 

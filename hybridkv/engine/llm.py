@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from hybridkv.engine.chat import render_conversations
@@ -22,7 +23,7 @@ from hybridkv.engine.sampling import (
 )
 from hybridkv.engine.scheduler import ScheduledSeq, Scheduler, SeqState
 from hybridkv.engine.tokenizer import load_tokenizer
-from hybridkv.kv_cache.hashing import max_token_id
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
@@ -90,14 +91,12 @@ class LLM:
 
     def _kv_cache_config(self, block_size: int, num_blocks: int | None,
                          budget: int | None) -> KVCacheConfig:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        check_int("block_size", block_size, 1)
         specs = self.runner.kv_cache_specs(block_size)
         if num_blocks is None:
             return KVCacheConfig.from_layer_specs(
                 specs, DEFAULT_KV_CACHE_BYTES if budget is None else budget)
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
-            raise ValueError(f"num_blocks must be an int >= 2, got {num_blocks!r}")
+        check_int("num_blocks", num_blocks, 2)
         layout = KVCacheConfig.from_layer_specs(specs, 1 << 40)
         return dataclasses.replace(layout, num_blocks=num_blocks)
 
@@ -108,7 +107,8 @@ class LLM:
                  *, use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for every prompt; outputs in prompt order.
 
-        A prompt is a token-id list, a string (with a tokenizer), or a dict
+        A prompt is a token-id list (or a 1-D integer numpy array or torch
+        tensor), a string (with a tokenizer), or a dict
         `{"prompt_token_ids": [...] (or "prompt": text), "cache_salt": ...,
         "lora_name": ...}`. `cache_salt` (str or bytes) keys the prompt's
         first block, so only requests with the same salt share its cached KV
@@ -230,9 +230,10 @@ class LLM:
             raise ValueError(f"add_request takes one SamplingParams with n=1, got {params!r}")
         ids, keys = self._prompt_parts(0, prompt)
         self._check_fits(0, ids, params)
+        rid = f"req-{self._counter + 1}" if request_id is None else request_id
+        request = self._request(0, rid, ids, keys)
         self._counter += 1
-        rid = f"req-{self._counter}" if request_id is None else request_id
-        seq = SeqState(Request(rid, ids, **keys), params, self._counter)
+        seq = SeqState(request, params, self._counter)
         seq.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         self.scheduler.add(seq)
         return seq
@@ -256,17 +257,19 @@ class LLM:
         if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
             raise ValueError("prompts must be a non-empty list of token-id lists or strings")
         per_prompt = _per_prompt_params(params, len(prompts))
-        seqs = []
         parts = [self._prompt_parts(i, prompt) for i, prompt in enumerate(prompts)]
         for i, ((ids, _), p) in enumerate(zip(parts, per_prompt)):
             self._check_fits(i, ids, p)
-        for (ids, keys), p in zip(parts, per_prompt):
-            for sample in range(p.n):
-                self._counter += 1
-                params = p if sample == 0 or p.seed is None else \
+        seqs: list[SeqState] = []
+        number = self._counter
+        for i, ((ids, keys), p) in enumerate(zip(parts, per_prompt)):
+            for sample in range(p.n):  # sample k of a seeded prompt uses seed + k
+                number += 1
+                sample_params = p if sample == 0 or p.seed is None else \
                     dataclasses.replace(p, seed=p.seed + sample)
-                seqs.append(SeqState(Request(f"req-{self._counter}", ids, **keys), params,
-                                     len(seqs)))
+                request = self._request(i, f"req-{number}", ids, keys)
+                seqs.append(SeqState(request, sample_params, len(seqs)))
+        self._counter = number
         return seqs
 
     def _prompt_parts(self, i: int, prompt: Any) -> tuple[list[int], dict[str, Any]]:
@@ -292,20 +295,17 @@ class LLM:
                 raise ValueError(f"prompt {i} is a string but this model has no tokenizer; "
                                  f"pass token ids")
             prompt = list(self.tokenizer.encode(prompt))
+        prompt = _array_to_list(i, prompt)
         if not isinstance(prompt, Sequence) or len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty or not a list of token ids")
-        vocab = self.runner.vocab_size
-        ids = list(prompt)
-        try:  # ints in [0, 2**32), checked in C when built, then below the vocabulary size
-            in_range = max_token_id(ids) < vocab
-        except ValueError:
-            in_range = False
-        if not in_range:
-            bad = next(t for t in ids if isinstance(t, bool) or not isinstance(t, int)
-                       or not 0 <= t < vocab)
-            raise ValueError(f"prompt {i}: token id {bad!r} is outside the vocabulary "
-                             f"[0, {vocab})")
-        return ids
+        return list(prompt)  # the ids are checked by Request, against the vocabulary
+
+    def _request(self, i: int, request_id: str, ids: list[int], keys: dict[str, Any]) -> Request:
+        """Request `request_id` of prompt `i`; its checks' errors name the prompt."""
+        try:
+            return Request(request_id, ids, vocab_size=self.runner.vocab_size, **keys)
+        except ValueError as error:
+            raise ValueError(f"prompt {i}: {error}") from None
 
     def _check_fits(self, i: int, ids: list[int], params: SamplingParams) -> None:
         if params.stop and self.tokenizer is None:
@@ -346,6 +346,23 @@ def _check_device_memory(config: KVCacheConfig, device: str) -> None:
         raise ValueError(f"a pool of {config.num_blocks} blocks needs {config.total_bytes} "
                          f"bytes of KV cache, more than the {limit} bytes of memory on "
                          f"{device}; lower num_blocks or kv_cache_memory_bytes")
+
+
+def _array_to_list(i: int, prompt: Any) -> Any:
+    """A 1-D integer numpy array or torch tensor as a list of ints; other values as given.
+    ValueError naming prompt `i` for an array of another shape or dtype."""
+    if isinstance(prompt, torch.Tensor):
+        shape, dtype = tuple(prompt.shape), prompt.dtype
+        integer = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    elif isinstance(prompt, np.ndarray):
+        shape, dtype = prompt.shape, prompt.dtype
+        integer = np.issubdtype(dtype, np.integer)
+    else:
+        return prompt
+    if len(shape) != 1 or not integer:
+        raise ValueError(f"prompt {i}: an array prompt must be 1-D integer token ids, got "
+                         f"shape {shape} and dtype {dtype}")
+    return prompt.tolist()
 
 
 def _per_prompt_params(params: SamplingParams | Sequence[SamplingParams] | None,

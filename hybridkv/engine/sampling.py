@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybridkv.kv_cache.checks import check_int
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -36,30 +38,23 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self) -> None:
-        _check_int("max_tokens", self.max_tokens, 1)
+        check_int("SamplingParams.max_tokens", self.max_tokens, 1)
         if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, "
                              f"got {self.temperature!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not -(1 << 63) <= self.seed < 1 << 64):
-            raise ValueError(f"SamplingParams.seed must be None or an int in [-2**63, 2**64), "
-                             f"got {self.seed!r}")
+        if self.seed is not None:
+            check_int("SamplingParams.seed", self.seed, -(1 << 63), (1 << 64) - 1, " or None")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be a number in (0, 1], "
                              f"got {self.top_p!r}")
-        _check_int("top_k", self.top_k, -1)
-        _check_int("n", self.n, 1)
+        check_int("SamplingParams.top_k", self.top_k, -1)
+        check_int("SamplingParams.n", self.n, 1)
         object.__setattr__(self, "stop", _stop_strings(self.stop))
         object.__setattr__(self, "stop_token_ids", _stop_token_ids(self.stop_token_ids))
 
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"SamplingParams.{name} must be an int >= {low}, got {value!r}")
 
 
 def _stop_strings(stop: object) -> tuple[str, ...]:

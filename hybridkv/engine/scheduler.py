@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hybridkv.engine.sampling import SamplingParams
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
 
@@ -75,8 +76,7 @@ class Scheduler:
                  max_num_batched_tokens: int = 2048) -> None:
         for name, value in (("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, value, 1)
         self.kv = kv_cache_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -7,8 +7,11 @@
  *     previous digest (parent for k = 0) || block_size tokens as LE uint32 || extra
  *
  * and the result is the list of the num_blocks digests. algo_id 0 is SHA-256
- * (OpenSSL libcrypto), 1 is XXH3 128-bit in canonical (big-endian) form, the
- * digest of xxhash.xxh3_128_digest. Token ids must be ints in [0, 2**32)
+ * (_sha256.c: SHA-NI when the CPU has it, else portable C), 1 is XXH3
+ * 128-bit in canonical (big-endian) form, the digest of
+ * xxhash.xxh3_128_digest (the vendored header-only xxHash, _vendor/xxhash.h).
+ * Nothing here needs a system header beyond Python's and the C library's,
+ * nor links any library. Token ids must be ints in [0, 2**32)
  * (bools are rejected); anything else raises ValueError naming the value and
  * nothing is returned. The pure-Python loop in hashing.py is the reference.
  */
@@ -18,13 +21,11 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The low-level SHA256_* calls skip EVP's provider dispatch and are the
- * faster choice for the short inputs hashed here; OpenSSL 3 marks them
- * deprecated, which is silenced on purpose. */
-#define OPENSSL_SUPPRESS_DEPRECATED
-#include <openssl/sha.h>
+#include "_sha256.h"
 
-#include <xxhash.h>
+/* xxHash compiled into this module: no library, static symbols only */
+#define XXH_INLINE_ALL
+#include "_vendor/xxhash.h"
 
 enum { ALGO_SHA256 = 0, ALGO_XXH3_128 = 1 };
 enum { MAX_DIGEST = 32, STACK_BUF = 4096 };
@@ -153,7 +154,7 @@ pack_tokens(PyObject *seq, Py_ssize_t start, Py_ssize_t n, unsigned char *dst)
 static inline Py_ssize_t
 digest_size(int algo)
 {
-    return algo == ALGO_SHA256 ? SHA256_DIGEST_LENGTH : (Py_ssize_t)sizeof(XXH128_canonical_t);
+    return algo == ALGO_SHA256 ? HKV_SHA256_DIGEST : (Py_ssize_t)sizeof(XXH128_canonical_t);
 }
 
 /* Digest of data[0:len] into out (digest_size(algo) bytes). */
@@ -161,10 +162,7 @@ static inline void
 digest(int algo, const unsigned char *data, size_t len, unsigned char *out)
 {
     if (algo == ALGO_SHA256) {
-        SHA256_CTX ctx;
-        SHA256_Init(&ctx);
-        SHA256_Update(&ctx, data, len);
-        SHA256_Final(out, &ctx);
+        hkv_sha256(data, len, out);
         return;
     }
     XXH128_hash_t h = XXH3_128bits(data, len);
@@ -335,9 +333,39 @@ PyDoc_STRVAR(max_token_doc,
 "The largest token id, after checking every one is an int in [0, 2**32) as\n"
 "chain() does (ValueError naming the first that is not, or for no tokens).");
 
+static PyObject *
+sha256_backend(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args))
+{
+    return PyUnicode_FromString(hkv_sha256_backend());
+}
+
+PyDoc_STRVAR(sha256_backend_doc,
+"sha256_backend() -> str\n"
+"\n"
+"The SHA-256 compression in use: 'sha-ni' (x86 SHA extensions, found at\n"
+"import) or 'portable' (plain C).");
+
+static PyObject *
+force_portable_sha256(PyObject *Py_UNUSED(self), PyObject *flag)
+{
+    int portable = PyObject_IsTrue(flag);
+    if (portable < 0)
+        return NULL;
+    return PyUnicode_FromString(hkv_sha256_force_portable(portable));
+}
+
+PyDoc_STRVAR(force_portable_sha256_doc,
+"force_portable_sha256(flag) -> str\n"
+"\n"
+"Use the portable SHA-256 compression (flag true) or the CPU's best (false);\n"
+"returns the backend now in use. The digests are the same; for tests and\n"
+"benchmarks.");
+
 static PyMethodDef chainhash_methods[] = {
     {"chain", chain, METH_VARARGS, chain_doc},
     {"max_token", max_token, METH_O, max_token_doc},
+    {"sha256_backend", sha256_backend, METH_NOARGS, sha256_backend_doc},
+    {"force_portable_sha256", force_portable_sha256, METH_O, force_portable_sha256_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -352,5 +380,6 @@ static struct PyModuleDef chainhash_module = {
 PyMODINIT_FUNC
 PyInit__chainhash(void)
 {
+    hkv_sha256_init();
     return PyModule_Create(&chainhash_module);
 }

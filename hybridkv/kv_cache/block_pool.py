@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.events import (
     AllBlocksCleared,
     BlockEvent,
@@ -65,9 +66,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, num_groups: int = 1, *,
                  eviction_policy: str = "lru") -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
-            raise ValueError(f"num_blocks must be an int >= 2 (the null block plus one), "
-                             f"got {num_blocks!r}")
+        check_int("num_blocks", num_blocks, 2, note=" (the null block plus one)")
         self.num_blocks = num_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.null_block = self.blocks[0]
@@ -190,6 +189,7 @@ class BlockPool:
         """
         table = self.cached[group_id]
         null, subscribers, stored = self.null_block, self._subscribers, 0
+        evicted = self.free_queue.evicted  # data the policy watches for (usually none)
         for i in range(start, end):
             block = blocks[i]
             if block is null or block.block_hash is not None:
@@ -205,6 +205,8 @@ class BlockPool:
             stored += 1
             if subscribers:
                 self._emit(BlockStored(block_hash, group_id, block.block_id))
+            if evicted and block_hash in evicted:
+                self.free_queue.recomputed(block_hash)
         return stored
 
     def _note_recompute(self, block: Block) -> None:
@@ -222,10 +224,7 @@ class BlockPool:
         """
         ids = list(block_ids)
         for block_id in ids:
-            if isinstance(block_id, bool) or not isinstance(block_id, int) \
-                    or not 0 <= block_id < self.num_blocks:
-                raise ValueError(f"evict_blocks: block id {block_id!r} is not in "
-                                 f"[0, {self.num_blocks})")
+            check_int("evict_blocks: a block id", block_id, 0, self.num_blocks - 1)
         dropped = 0
         for block_id in ids:
             block = self.blocks[block_id]
@@ -246,6 +245,10 @@ class BlockPool:
             for block in table.values():
                 block.block_hash = None
                 block.group_id = -1
+                block.num_hits = 0
+                block.value_hint = NORMAL_VALUE
+                if block.ref_cnt == 0:  # an emptied block is reused before cached data
+                    self.free_queue.uncache(block)
             table.clear()
         if self._subscribers:
             self._emit(AllBlocksCleared())

@@ -16,27 +16,91 @@ processes and machines and never depend on Python's hash seed. `sha256` is
 the default (collision resistant: a forged collision would hand one tenant
 another's KV); `xxhash` (XXH3 128-bit) is the fast option.
 
-A C accelerator (`hybridkv.kv_cache._chainhash`, built with the package when a
-compiler is present) hashes runs of blocks that share one `extra`; the pure
-Python loop below is the reference it must match byte for byte.
+A C accelerator (`hybridkv.kv_cache._chainhash`, built with the package; it
+needs only a C compiler and Python's headers) hashes runs of blocks that share
+one `extra`; the pure Python loop below is the reference it must match byte
+for byte. When it was not built, the first hash computed warns once
+(`RuntimeWarning`, naming the reason) unless `HYBRIDKV_ALLOW_PYTHON_HASHING=1`
+says the fallback is intended; `hashing_backend()` reports which path runs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
+import os
 import struct
 import sys
+import warnings
 from array import array
 from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import xxhash
 
-try:  # optional C fast path
-    from hybridkv.kv_cache import _chainhash  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the build
-    _chainhash = None
+from hybridkv.kv_cache.checks import check_int
+
+ALLOW_PYTHON_ENV = "HYBRIDKV_ALLOW_PYTHON_HASHING"
+_BUILD_ERROR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                 "_chainhash.build-error.txt")
+
+
+def _load_extension() -> tuple[Any, str | None]:
+    """(the C module, None) or (None, why it is missing)."""
+    name = "hybridkv.kv_cache._chainhash"
+    try:
+        return importlib.import_module(name), None
+    except ImportError as e:
+        try:
+            with open(_BUILD_ERROR_FILE) as f:
+                return None, f"build failed: {f.read().strip()}"
+        except OSError:
+            pass
+        if isinstance(e, ModuleNotFoundError) and e.name == name:
+            return None, "no compiled module (the package was installed without building it)"
+        return None, f"it does not load: {e}"
+
+
+_chainhash, EXTENSION_ERROR = _load_extension()
 # (None with a build older than this module: the checks then run in Python)
 _max_token = getattr(_chainhash, "max_token", None)
+_warned_fallback = False
+
+
+class HashingBackend(NamedTuple):
+    """Which hashing path runs: the C extension (and its SHA-256 code) or Python."""
+
+    c_extension: bool
+    sha256: str  # "sha-ni", "portable" (C) or "hashlib" (Python)
+    reason: str | None  # why the C extension is missing, else None
+
+    def describe(self) -> str:
+        if self.c_extension:
+            return f"C extension (sha256: {self.sha256}, xxhash: vendored XXH3)"
+        return f"pure Python fallback, ~7x slower (C extension not built: {self.reason})"
+
+
+def hashing_backend() -> HashingBackend:
+    """The hashing path of this process (the built extension, or why not)."""
+    if _chainhash is None:
+        return HashingBackend(False, "hashlib", EXTENSION_ERROR or "disabled")
+    backend = getattr(_chainhash, "sha256_backend", None)
+    return HashingBackend(True, backend() if backend else "C", None)
+
+
+def _warn_fallback() -> None:
+    """Warn once that the C extension is missing (not when it was disabled on purpose)."""
+    global _warned_fallback
+    if _warned_fallback or EXTENSION_ERROR is None:
+        return
+    _warned_fallback = True
+    if os.environ.get(ALLOW_PYTHON_ENV) == "1":
+        return
+    warnings.warn(f"hybridkv: C hashing extension not built ({EXTENSION_ERROR}); hashing "
+                  f"falls back to pure Python, ~7x slower. Reinstall with a C compiler and "
+                  f"Python headers, or set {ALLOW_PYTHON_ENV}=1 if this is intended.",
+                  RuntimeWarning, stacklevel=2)
+
 
 HASH_ALGOS = ("sha256", "xxhash")
 _ALGO_IDS = {"sha256": 0, "xxhash": 1}
@@ -83,13 +147,18 @@ def _as_bytes(name: str, value: str | bytes) -> bytes:
     raise ValueError(f"{name} must be str or bytes, got {type(value).__name__}")
 
 
+def _first_bad_token(token_ids: Sequence[int], limit: int = 2**32) -> object:
+    """The first token id that is not an int in [0, `limit`) (None if there is none)."""
+    return next((t for t in token_ids
+                 if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < limit), None)
+
+
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
     """Tokens as little-endian uint32; ValueError for ids outside [0, 2**32)."""
     try:
         packed = array("I", token_ids)
     except (OverflowError, TypeError) as e:
-        bad = next((t for t in token_ids
-                    if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**32), None)
+        bad = _first_bad_token(token_ids)
         raise ValueError(f"token_ids: token id {bad!r} is not an int in [0, 2**32)") from e
     if packed.itemsize != 4:  # pragma: no cover - platforms with 2-byte unsigned int
         packed = array("L", token_ids)
@@ -108,10 +177,8 @@ def check_mm_items(mm_items: Sequence[MultiModalItem] | None) -> tuple[MultiModa
             raise ValueError(f"mm_hashes: each item must be (hash, offset, length), got {item!r}")
         h, offset, length = item
         _as_bytes("mm_hashes hash", h)
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"mm_hashes: offset must be an int >= 0, got {offset!r}")
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise ValueError(f"mm_hashes: length must be an int >= 1, got {length!r}")
+        check_int("mm_hashes: offset", offset, 0)
+        check_int("mm_hashes: length", length, 1)
         out.append((h, offset, length))
     return tuple(sorted(out, key=lambda it: it[1]))
 
@@ -129,8 +196,7 @@ class BlockHasher:
                  lora_name: str | None = None,
                  mm_items: Sequence[MultiModalItem] | None = None) -> None:
         self.hash_algo = check_hash_algo(hash_algo)
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        check_int("block_size", block_size, 1)
         self.block_size = block_size
         self.hashes: list[BlockHash] = []
         self._digest = _DIGESTS[hash_algo]
@@ -162,6 +228,7 @@ class BlockHasher:
         bs = self.block_size
         tokens: Sequence[int] | bytes
         if _chainhash is None:  # reference path: validate and pack everything first
+            _warn_fallback()
             tokens, base = self._pack(token_ids[first * bs:last * bs]), first
         elif isinstance(token_ids, (list, tuple)):  # C reads the ints in place
             tokens, base = token_ids, 0
@@ -247,19 +314,30 @@ def compute_block_hashes(token_ids: Sequence[int], block_size: int, *, hash_algo
     return list(hasher.extend(token_ids))
 
 
-def check_token_ids(token_ids: Sequence[int]) -> None:
-    """Raise ValueError naming the first token id that is not an int in [0, 2**32)."""
-    if _max_token is not None and type(token_ids) is list and token_ids:
-        _max_token(token_ids)  # reads every token as chain() does (~1 ns per token)
+def check_token_ids(token_ids: Sequence[int], vocab_size: int | None = None) -> None:
+    """Raise ValueError naming the first token id that is not an int in [0, 2**32),
+    or in [0, `vocab_size`) when given: the one check of token ids (`Request`
+    runs it on every prompt and appended output)."""
+    if not token_ids:
         return
-    BlockHasher._pack(token_ids)
+    try:
+        top = max_token_id(token_ids)
+    except ValueError:
+        if vocab_size is None:
+            raise
+        top = vocab_size  # named below as outside the vocabulary
+    if vocab_size is not None and top >= vocab_size:
+        bad = _first_bad_token(token_ids, vocab_size)
+        raise ValueError(f"token_ids: token id {bad!r} is outside the vocabulary "
+                         f"[0, {vocab_size})")
 
 
 def max_token_id(token_ids: Sequence[int]) -> int:
-    """The largest token id, after `check_token_ids` (ValueError also for no tokens)."""
+    """The largest token id, checking every one is an int in [0, 2**32) on the way
+    (ValueError naming the first that is not, also for no tokens)."""
     if _max_token is not None and type(token_ids) is list:
-        return _max_token(token_ids)
+        return _max_token(token_ids)  # reads every token as chain() does (~1 ns per token)
     if not token_ids:
         raise ValueError("token_ids: max of no tokens")
-    check_token_ids(token_ids)
+    BlockHasher._pack(token_ids)
     return max(token_ids)

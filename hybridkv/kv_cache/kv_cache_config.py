@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.specs import AttentionSpec, KVCacheSpec, MambaSpec
 
 MAX_NUM_BLOCKS = 2**31 - 1  # block ids travel as int32 in block tables
@@ -52,11 +53,8 @@ class KVCacheConfig:
     layer_to_tensor: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) \
-                or not 2 <= self.num_blocks <= MAX_NUM_BLOCKS:
-            raise ValueError(f"KVCacheConfig.num_blocks must be an int in [2, 2**31 - 1] (the "
-                             f"null block plus one; block tables hold int32 ids), "
-                             f"got {self.num_blocks!r}")
+        check_int("KVCacheConfig.num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS,
+                  " (the null block plus one; block tables hold int32 ids)")
         if not self.kv_cache_groups:
             raise ValueError("KVCacheConfig.kv_cache_groups must not be empty")
         for group in self.kv_cache_groups:
@@ -121,8 +119,7 @@ def _check_layer_specs(layer_specs: Mapping[str, KVCacheSpec], budget: int) -> N
     for name, spec in layer_specs.items():
         if not isinstance(spec, KVCacheSpec):
             raise ValueError(f"layer_specs[{name!r}] must be a KVCacheSpec, got {spec!r}")
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
-        raise ValueError(f"kv_cache_memory_bytes must be a positive int, got {budget!r}")
+    check_int("kv_cache_memory_bytes", budget, 1)
 
 
 def _group_layers(layer_specs: Mapping[str, KVCacheSpec]) -> list[tuple[KVCacheSpec, list[str]]]:

@@ -3,7 +3,8 @@
 Which blocks a request holds in every group, which of its tokens are already
 computed (prefix cache hits), and what becomes reusable. Check, then commit:
 `allocate_slots` first works out how many blocks every group needs, returns
-None when the pool can't supply them, and only then changes anything.
+None when the pool can't supply them yet (ValueError when it never could), and
+only then changes anything.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hybridkv.kv_cache.block_pool import BlockPool
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.coordinator import GroupBlocks, HybridCoordinator
 from hybridkv.kv_cache.events import EventSubscriber
 from hybridkv.kv_cache.eviction import DEFAULT_EVICTION_POLICY
@@ -51,6 +53,9 @@ class PrefixCacheStats:
     `group_evictions[g]`, cached blocks of g recycled for new data.
     `stranded_tokens`: tokens whose full-attention blocks were cached but
     unusable because another group (a window, a Mamba state) was missing.
+    `repeated_miss_prefixes`: prompt starts looked up `REPEATED_MISS_WARNING`
+    times that found nothing reusable each time (the first one warns, see
+    `KVCacheManager`).
     """
 
     requests: int = 0
@@ -58,6 +63,7 @@ class PrefixCacheStats:
     hits: int = 0
     stranded_tokens: int = 0
     evictions: int = 0
+    repeated_miss_prefixes: int = 0
     group_hits: list[int] = field(default_factory=list)
     group_evictions: list[int] = field(default_factory=list)
 
@@ -87,12 +93,6 @@ class _Held:
         self.max_computed = 0
 
 
-def _check_count(name: str, value: object) -> int:
-    if type(value) is not int or value < 0:  # noqa: E721 - bools are not counts
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    return value
-
-
 class KVCacheManager:
     """Prefix-cached KV blocks for every group of a (hybrid) model on one pool.
 
@@ -102,12 +102,16 @@ class KVCacheManager:
         hash_algo: "sha256" (default) or "xxhash".
         eviction_policy: a registered policy name: "hybrid" (default,
             retention-aware, see hybridkv.kv_cache.eviction.hybrid) or "lru"
-            (exactly the LRU order of API.md).
+            (vLLM's LRU order, see hybridkv.kv_cache.eviction.lru).
+        warn_repeated_misses: issue one RuntimeWarning (per manager) the first
+            time a prompt start has been looked up `REPEATED_MISS_WARNING` times
+            and found nothing reusable each time: the pool may be too small for
+            the working set. Counted in `prefix_cache_stats` either way.
     """
 
     def __init__(self, kv_cache_config: KVCacheConfig, *, enable_caching: bool = True,
-                 hash_algo: str = "sha256",
-                 eviction_policy: str = DEFAULT_EVICTION_POLICY) -> None:
+                 hash_algo: str = "sha256", eviction_policy: str = DEFAULT_EVICTION_POLICY,
+                 warn_repeated_misses: bool = True) -> None:
         if not isinstance(kv_cache_config, KVCacheConfig):
             raise ValueError(f"kv_cache_config must be a KVCacheConfig, "
                              f"got {type(kv_cache_config).__name__}")
@@ -127,7 +131,7 @@ class KVCacheManager:
         self._junctions: weakref.WeakKeyDictionary[Request, int] = weakref.WeakKeyDictionary()
         self._no_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
         self._missed_prefixes: dict[bytes, int] = {}
-        self._warned = False
+        self._warned = not warn_repeated_misses
 
     # ---- lookups -------------------------------------------------------------
 
@@ -155,24 +159,30 @@ class KVCacheManager:
         stats.stranded_tokens += matched - num_tokens
         for g, n in enumerate(hit.group_lengths):
             stats.group_hits[g] += n
-        if num_tokens == 0 and hashes and not self._warned:
+        if num_tokens == 0 and hashes:
             self._note_repeated_miss(hashes[0])
         return KVCacheBlocks(hit.blocks), num_tokens
 
     def _note_repeated_miss(self, first_hash: bytes) -> None:
-        """Warn once when the same prompt start keeps missing: reuse is being lost."""
+        """Count prompt starts that keep missing (reuse is being lost); warn the
+        first time unless told not to."""
         misses = self._missed_prefixes
         count = misses.get(first_hash, 0) + 1
         if len(misses) >= 4096 and first_hash not in misses:
             misses.clear()
         misses[first_hash] = count
-        if count >= REPEATED_MISS_WARNING:
+        if count != REPEATED_MISS_WARNING:
+            return
+        self._stats.repeated_miss_prefixes += 1
+        if not self._warned:
             self._warned = True
             warnings.warn(
                 f"prefix caching: a prompt prefix was looked up {count} times and found "
                 f"nothing reusable each time; the pool ({self.pool.num_blocks} blocks) may be "
                 f"too small for the working set, or blocks are evicted before reuse (see "
-                f"prefix_cache_stats: evictions, stranded_tokens)", RuntimeWarning, stacklevel=3)
+                f"prefix_cache_stats: evictions, stranded_tokens; this warning is issued once "
+                f"per manager, warn_repeated_misses=False turns it off)", RuntimeWarning,
+                stacklevel=3)
 
     # ---- allocation ----------------------------------------------------------
 
@@ -184,8 +194,13 @@ class KVCacheManager:
         `num_new_computed_tokens`/`new_computed_blocks` adopt a hit from
         `get_computed_blocks` (for a request that holds no blocks). Returns
         the newly allocated blocks per group, or None, with no state change
-        at all, when the pool can't supply them. Raises ValueError for
-        counts past the request's tokens or a hit that does not match.
+        at all, when the pool can't supply them now: other requests hold
+        blocks, wait for them (or preempt one).
+
+        Raises ValueError, changing nothing, for counts past the request's
+        tokens, a hit that does not match, or an allocation the pool could not
+        supply even with no other request holding blocks: waiting would never
+        help (`can_fit` tells beforehand whether a request fits at all).
         """
         if not num_new_computed_tokens and isinstance(request, Request):
             held = self._held.get(request.request_id)
@@ -232,7 +247,8 @@ class KVCacheManager:
 
         States kept only for reuse never stop a running request (a
         preemption): they are given up first; a new request waits for them
-        like for held blocks.
+        like for held blocks. Raises ValueError (changing nothing) when no
+        other request holds blocks: waiting would never help.
         """
         rid = held.request.request_id
         running = rid in self._held
@@ -240,18 +256,22 @@ class KVCacheManager:
         if running and need <= free + self.coordinator.num_releasable_retained():
             self.coordinator.release_retained()
             return True  # released blocks only add free ones
+        if len(self._held) == (1 if running else 0):  # no other request holds blocks
+            usable = self.pool.num_blocks - 1 - self.pool.num_pinned
+            raise ValueError(
+                f"request {rid!r} needs {need} more blocks but only {free} of the pool's "
+                f"{usable} usable blocks are free with no other request holding any: it can "
+                f"never be served at this size (see can_fit; a smaller chunk may fit)")
         return False
 
     def _check_allocation(self, request: Request, num_new_tokens: int,
                           num_new_computed_tokens: int,
                           new_computed_blocks: KVCacheBlocks | None) -> int:
         """Validate an allocate_slots call; return the token count after it."""
-        if type(request) is not Request and not isinstance(request, Request):
+        if not isinstance(request, Request):
             raise ValueError(f"request must be a Request, got {type(request).__name__}")
-        if type(num_new_tokens) is not int or num_new_tokens < 0:
-            _check_count("num_new_tokens", num_new_tokens)
-        if type(num_new_computed_tokens) is not int or num_new_computed_tokens:
-            _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        check_int("num_new_tokens", num_new_tokens, 0)
+        check_int("num_new_computed_tokens", num_new_computed_tokens, 0)
         held = self._held.get(request.request_id)
         if held is not None and held.request is not request:
             raise ValueError(f"request id {request.request_id!r} is already in use by "
@@ -284,35 +304,50 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Return the request's blocks; cached ones stay reusable until evicted.
 
-        Idempotent: freeing a request that holds nothing does nothing.
+        Raises KeyError for a request that holds no blocks (never allocated, or
+        freed already) and ValueError for another Request object with the id of
+        one that does; neither changes anything.
         """
         if not isinstance(request, Request):
             raise ValueError(f"request must be a Request, got {type(request).__name__}")
-        held = self._held.get(request.request_id)
-        if held is None:
-            return
+        held = self._held_entry("free", request.request_id)
         if held.request is not request:
             raise ValueError(f"free: request id {request.request_id!r} is held by another "
                              f"Request object; free that one")
         self.coordinator.free(request, held.junction)
         del self._held[request.request_id]
 
+    def _held_entry(self, caller: str, request_id: str) -> _Held:
+        held = self._held.get(request_id)
+        if held is None:
+            raise KeyError(f"{caller}: request {request_id!r} holds no blocks (never "
+                           f"allocated, or freed already)")
+        return held
+
     # ---- views and admin -----------------------------------------------------
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's blocks, one list per group in token order (the live
-        lists: read them, do not change them)."""
+        lists: read them, do not change them). KeyError if it holds none."""
+        if request_id not in self._held:
+            self._held_entry("get_blocks", request_id)
         return KVCacheBlocks(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        """One list per group in token order; `null_block_id` where not needed."""
+        """One list per group in token order; `null_block_id` where not needed.
+
+        KeyError for a request that holds no blocks."""
+        self._held_entry("get_block_ids", request_id)
         return tuple([b.block_id for b in blocks]
                      for blocks in self.coordinator.get_blocks(request_id))
 
     def get_retained_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """Per group, blocks held for the request that `get_block_ids` no longer
         lists: cached Mamba states a likely hit stops at, kept until the request
-        ends so that they leave the cache with the prefix they complete."""
+        ends so that they leave the cache with the prefix they complete.
+
+        KeyError for a request that holds no blocks."""
+        self._held_entry("get_retained_block_ids", request_id)
         return tuple([b.block_id for b in m.retained(request_id)]
                      for m in self.coordinator.managers)
 

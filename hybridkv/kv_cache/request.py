@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.hashing import BlockHasher, MultiModalItem, check_mm_items, check_token_ids
 
 _MAX_TOKEN_ID = 2**32 - 1
@@ -17,8 +18,10 @@ class Request:
     starts again from 0. Block hashes are computed lazily by the manager and
     extended as tokens are appended.
 
-    Raises ValueError for an empty or non-string id, an empty prompt, token
-    ids that are not ints in [0, 2**32), or malformed keys.
+    `vocab_size`: when given, prompt token ids must be below it (an engine
+    passes its model's). Raises ValueError for an empty or non-string id, an
+    empty prompt, token ids that are not ints in [0, 2**32) (or [0,
+    vocab_size)), or malformed keys.
     """
 
     __slots__ = ("request_id", "all_token_ids", "num_computed_tokens",
@@ -28,7 +31,7 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *,
                  cache_salt: str | bytes | None = None, lora_name: str | None = None,
                  mm_hashes: Sequence[MultiModalItem] | None = None,
-                 max_tokens: int | None = None) -> None:
+                 max_tokens: int | None = None, vocab_size: int | None = None) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         if type(prompt_token_ids) is not list and (isinstance(prompt_token_ids, str | bytes)
@@ -38,14 +41,13 @@ class Request:
         if len(prompt_token_ids) == 0:
             raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
         self.all_token_ids = list(prompt_token_ids)  # the prompt, then the output
-        check_token_ids(self.all_token_ids)
+        check_token_ids(self.all_token_ids, vocab_size)
         if cache_salt is not None and not isinstance(cache_salt, str | bytes):
             raise ValueError(f"cache_salt must be str or bytes, got {type(cache_salt).__name__}")
         if lora_name is not None and not isinstance(lora_name, str):
             raise ValueError(f"lora_name must be str, got {type(lora_name).__name__}")
-        if max_tokens is not None and (isinstance(max_tokens, bool)
-                                       or not isinstance(max_tokens, int) or max_tokens < 1):
-            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        if max_tokens is not None:
+            check_int("max_tokens", max_tokens, 1)
         self.request_id = request_id
         self.num_prompt_tokens = len(self.all_token_ids)
         self.num_computed_tokens = 0

@@ -12,6 +12,8 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 
+from hybridkv.kv_cache.checks import check_int
+
 _DTYPE_BYTES = {
     "float32": 4,
     "float16": 2,
@@ -37,13 +39,6 @@ def dtype_size(dtype: object) -> int:
     return _DTYPE_BYTES[name]
 
 
-def _check_int(owner: str, name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{owner}.{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{owner}.{name} must be >= {minimum}, got {value}")
-
-
 @dataclass(frozen=True)
 class KVCacheSpec(ABC):
     """Base of every spec: a block holds `block_size` tokens of one layer."""
@@ -51,7 +46,7 @@ class KVCacheSpec(ABC):
     block_size: int
 
     def __post_init__(self) -> None:
-        _check_int(type(self).__name__, "block_size", self.block_size, 1)
+        check_int(f"{type(self).__name__}.block_size", self.block_size, 1)
 
     @property
     @abstractmethod
@@ -74,8 +69,8 @@ class AttentionSpec(KVCacheSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         owner = type(self).__name__
-        _check_int(owner, "num_kv_heads", self.num_kv_heads, 1)
-        _check_int(owner, "head_size", self.head_size, 1)
+        check_int(f"{owner}.num_kv_heads", self.num_kv_heads, 1)
+        check_int(f"{owner}.head_size", self.head_size, 1)
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         dtype_size(self.dtype)
 
@@ -101,8 +96,8 @@ class SlidingWindowSpec(AttentionSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_int("SlidingWindowSpec", "sliding_window", self.sliding_window, 1)
-        _check_int("SlidingWindowSpec", "num_sink_tokens", self.num_sink_tokens, 0)
+        check_int("SlidingWindowSpec.sliding_window", self.sliding_window, 1)
+        check_int("SlidingWindowSpec.num_sink_tokens", self.num_sink_tokens, 0)
 
     @property
     def num_window_blocks(self) -> int:
@@ -123,8 +118,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_int("ChunkedLocalAttentionSpec", "attention_chunk_size",
-                   self.attention_chunk_size, 1)
+        check_int("ChunkedLocalAttentionSpec.attention_chunk_size", self.attention_chunk_size, 1)
         if self.attention_chunk_size % self.block_size:
             raise ValueError(
                 f"ChunkedLocalAttentionSpec.attention_chunk_size ({self.attention_chunk_size}) "
@@ -139,7 +133,7 @@ class SinkFullAttentionSpec(AttentionSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_int("SinkFullAttentionSpec", "sink_len", self.sink_len, 1)
+        check_int("SinkFullAttentionSpec.sink_len", self.sink_len, 1)
         if self.sink_len % self.block_size:
             raise ValueError(
                 f"SinkFullAttentionSpec.sink_len ({self.sink_len}) must be a positive multiple "
@@ -175,7 +169,7 @@ class MambaSpec(KVCacheSpec):
                              f"got {self.shapes!r}")
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         dtype_size(self.dtype)
-        _check_int("MambaSpec", "checkpoint_interval", self.checkpoint_interval, 1)
+        check_int("MambaSpec.checkpoint_interval", self.checkpoint_interval, 1)
         if self.page_size_padded is not None and self.page_size_padded < self.state_bytes:
             raise ValueError(f"MambaSpec.page_size_padded ({self.page_size_padded}) is smaller "
                              f"than the state ({self.state_bytes} bytes)")

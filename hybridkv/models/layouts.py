@@ -6,7 +6,9 @@ model built on PyTorch's meta device (shapes only, no memory), so a 100B
 model's layout costs a fraction of a second.
 
 `KNOWN_MODELS` describes well-known checkpoints from their published
-configs; `layout_from_config_file` reads any supported `config.json`.
+configs; `layout_from_config_file` reads any supported `config.json`. A
+multimodal config (Gemma 3 4B+, Llama 4) gives the layout of its
+`text_config`, the part the engine serves.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from hybridkv.kv_cache.specs import KVCacheSpec
-from hybridkv.models.registry import get_runner_class, supported_model_types
+from hybridkv.models.registry import MULTIMODAL, get_runner_class, supported_model_types
 
 # model_type and the config values that shape the KV cache, from the published configs
 KNOWN_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -54,6 +56,8 @@ def layout_from_hf_config(config: Any, block_size: int) -> dict[str, KVCacheSpec
     if config.model_type not in supported_model_types():
         raise ValueError(f"model_type {config.model_type!r} is not supported; use one of "
                          f"{sorted(supported_model_types())}")
+    if config.model_type in MULTIMODAL:
+        config = config.get_text_config()
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     dtype = getattr(config, "dtype", None)

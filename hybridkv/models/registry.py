@@ -8,16 +8,23 @@ a `transformers` model instance, and returns the matching runner:
 
     runner = load_model("gemma3-tiny", seed=0)
     runner.kv_cache_specs(16)["layers.0.attn"]   # SlidingWindowSpec(..., sliding_window=32)
+
+Multimodal checkpoints (`MULTIMODAL`: Gemma 3 4B and larger, `model_type`
+"gemma3"; Llama 4 Scout / Maverick, "llama4") are served text-only: the
+runner of the text model type gets a causal LM sharing the checkpoint's
+language model and LM head; the vision tower is not used.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 
 from hybridkv.models.base import ModelRunner
 from hybridkv.models.gemma import Gemma2Runner, Gemma3Runner
@@ -35,6 +42,28 @@ RUNNERS: dict[str, type[ModelRunner]] = {
 }
 
 
+
+
+@dataclass(frozen=True)
+class MultimodalParts:
+    """Where a multimodal model keeps its language model, as `get_submodule` paths."""
+
+    text_model_type: str
+    decoder: str  # the text decoder (embeddings, layers, final norm)
+    lm_head: str
+    caps_logits: bool  # whether the multimodal model applies final_logit_softcapping
+
+
+MULTIMODAL: dict[str, MultimodalParts] = {
+    # Gemma3ForConditionalGeneration: model.language_model is a Gemma3TextModel; its
+    # forward is lm_head(hidden) with no final logit softcapping
+    "gemma3": MultimodalParts("gemma3_text", "model.language_model", "lm_head", False),
+    # Llama4ForConditionalGeneration: language_model is a whole Llama4ForCausalLM
+    "llama4": MultimodalParts("llama4_text", "language_model.model", "language_model.lm_head",
+                              True),
+}
+
+
 def register_runner(model_type: str, runner_cls: type[ModelRunner]) -> None:
     """Run models of `model_type` with `runner_cls` (replaces an earlier entry)."""
     if not isinstance(runner_cls, type) or not issubclass(runner_cls, ModelRunner):
@@ -43,12 +72,15 @@ def register_runner(model_type: str, runner_cls: type[ModelRunner]) -> None:
 
 
 def supported_model_types() -> list[str]:
-    """The model types a runner exists for, sorted."""
-    return sorted(RUNNERS)
+    """The model types a runner exists for (multimodal ones included), sorted."""
+    return sorted(set(RUNNERS) | set(MULTIMODAL))
 
 
 def get_runner_class(model_type: str) -> type[ModelRunner]:
-    """The runner class of `model_type`; ValueError listing the supported ones otherwise."""
+    """The runner class of `model_type` (of its language model for a multimodal
+    type); ValueError listing the supported ones otherwise."""
+    if model_type in MULTIMODAL:
+        model_type = MULTIMODAL[model_type].text_model_type
     if model_type not in RUNNERS:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: "
                          f"{', '.join(supported_model_types())}")
@@ -61,7 +93,8 @@ def load_model(model: str | os.PathLike | PreTrainedModel, *, dtype: torch.dtype
 
     - a preset name (see `list_presets`): the tiny model built with
       `torch.manual_seed(seed)`, its `max_model_len` the preset's;
-    - a directory: `AutoModelForCausalLM.from_pretrained(dir, local_files_only=True)`;
+    - a directory: `AutoModelForCausalLM.from_pretrained(dir, local_files_only=True)`
+      (`AutoModelForImageTextToText` for a multimodal `model_type`);
       FileNotFoundError when the directory, its config.json or its weights are
       missing, ValueError when config.json is unreadable or the weights corrupt;
     - a `PreTrainedModel`: wrapped, sharing its weights.
@@ -81,8 +114,30 @@ def load_model(model: str | os.PathLike | PreTrainedModel, *, dtype: torch.dtype
 
 
 def _wrap(model: PreTrainedModel) -> ModelRunner:
+    if model.config.model_type in MULTIMODAL:
+        model = language_model(model)
     runner_cls = get_runner_class(model.config.model_type)
     return runner_cls.from_hf(model.eval())
+
+
+def language_model(model: PreTrainedModel) -> PreTrainedModel:
+    """The text-only causal LM of a multimodal `model`, sharing its weights.
+
+    A causal LM of the text config (e.g. `Gemma3ForCausalLM`) is built on the
+    meta device and given the model's own decoder and LM head, and its
+    generation config (so the same end-of-sequence ids apply). Its logits are
+    those of the multimodal model on a text-only prompt.
+    """
+    parts = MULTIMODAL[model.config.model_type]
+    config = copy.deepcopy(model.config.get_text_config())
+    if not parts.caps_logits:
+        config.final_logit_softcapping = None
+    with torch.device("meta"):
+        text = AutoModelForCausalLM.from_config(config)
+    text.model = model.get_submodule(parts.decoder)
+    text.lm_head = model.get_submodule(parts.lm_head)
+    text.generation_config = model.generation_config
+    return text.eval()
 
 
 def _load_directory(path: Path, dtype: torch.dtype | None) -> ModelRunner:
@@ -91,8 +146,9 @@ def _load_directory(path: Path, dtype: torch.dtype | None) -> ModelRunner:
     kwargs = {"local_files_only": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
+    auto = AutoModelForImageTextToText if model_type in MULTIMODAL else AutoModelForCausalLM
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        model = auto.from_pretrained(str(path), **kwargs)
     except OSError as error:  # no weights file, or an unreadable one
         raise FileNotFoundError(f"load_model: cannot load weights from {str(path)!r}: "
                                 f"{error}") from error

@@ -31,6 +31,7 @@ from unittest.mock import patch
 
 from hybridkv.kv_cache import specs as sp
 from hybridkv.kv_cache.block_pool import Block
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.eviction import make_eviction_policy
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
 from hybridkv.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -104,9 +105,9 @@ class _Case:
         num_blocks = rng.randint(max(sinks + 2, base * low // 3), base * high // 3)
         groups = [KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)]
         self.kv = KVCacheManager(KVCacheConfig(num_blocks, groups),
-                                 eviction_policy=eviction_policy)
-        self.sink_ids = {i for m in self.kv.coordinator.managers
-                         for i in getattr(m, "sink_block_ids", ())}
+                                 eviction_policy=eviction_policy, warn_repeated_misses=False)
+        self.sink_ids = {b.block_id for m in self.kv.coordinator.managers
+                         for b in m.pinned_blocks()}
         self.events: list[object] = []
         self.kv.subscribe(self.events.append)
         self.mirror: list[dict[bytes, int]] = [{} for _ in specs]  # the map the events tell
@@ -168,12 +169,17 @@ class _Case:
         self.release(req)
 
     def release(self, req: Request) -> None:
+        """Free a request holding blocks; then the manager must not know it."""
         self.kv.free(req)
-        self.live.pop(req.request_id, None)
+        self.live.pop(req.request_id)
         if req.num_computed_tokens:
             self.histories = (self.histories + [list(req.all_token_ids)])[-8:]
-        _check(not any(self.kv.get_block_ids(req.request_id)),
-               f"{req.request_id} still lists blocks after free")
+        try:
+            self.kv.get_block_ids(req.request_id)
+        except KeyError:
+            pass
+        else:
+            raise ConformanceError(f"{req.request_id} still has block lists after free")
         self.check_state()
 
     def allocate(self, req: Request, num_new: int, num_hit: int = 0,
@@ -185,14 +191,20 @@ class _Case:
         # a running request's allocation the pool can't otherwise supply releases them
         retained = {b for rid in self.live for g in kv.get_retained_block_ids(rid) for b in g}
         start = req.num_computed_tokens + num_hit
-        new_blocks = kv.allocate_slots(req, num_new, num_hit, hit)
+        try:
+            new_blocks = kv.allocate_slots(req, num_new, num_hit, hit)
+        except ValueError:  # can never fit: only when no other request holds blocks
+            _check(not set(self.live) - {req.request_id},
+                   f"allocate_slots({req}, {num_new}) raised while others hold blocks")
+            new_blocks = None
         if new_blocks is None:
             self.report.num_refusals += 1
             diff = snapshot_diff(before, state_snapshot(kv))
             _check(not diff and len(self.events) == num_events,
                    f"a refused allocate_slots({req}, {num_new}, {num_hit}) changed "
                    f"{diff or 'the events'}")
-            self.release(req)
+            if req.request_id in self.live:
+                self.release(req)
             return False
         self.live[req.request_id] = req
         now = kv.get_block_ids(req.request_id)  # new blocks: free or released by this step
@@ -334,8 +346,7 @@ def _run_cases(name: str, make_specs: Callable[[random.Random], Sequence[KVCache
                oracles: Callable[[KVCacheSpec], Oracle], bound: DecodeBound,
                manager_class: type[SingleTypeManager] | None, num_cases: int, seed: int,
                first_case: int, eviction_policy: str) -> ConformanceReport:
-    if isinstance(num_cases, bool) or not isinstance(num_cases, int) or num_cases < 1:
-        raise ValueError(f"num_cases must be an int >= 1, got {num_cases!r}")
+    check_int("num_cases", num_cases, 1)
     make_eviction_policy(eviction_policy, [])  # ValueError for an unknown name
     report = ConformanceReport(name)
     for case in range(first_case, first_case + num_cases):

@@ -3,189 +3,182 @@
 For the built-in Gemma-3-style and Jamba-style tiny presets (random weights,
 CPU) it runs three workloads — shared documents (RAG), multi-turn chat and
 few-shot prompts — with prefix caching on and off, and prints per model:
-prefix hit rate per KV cache group, time to first token on a miss and on a
-hit, requests/s with caching on and off, peak KV memory against what an
-all-full-attention cache would need, and whether the outputs were identical.
-It writes PNG plots into an output folder. Every number comes from the run.
+time to first token on a miss, on a hit and with caching off; requests/s with
+caching on and off; the prefix hit rate; what each KV cache group reused,
+held and kept; peak KV memory against what an all-full-attention cache would
+need; and whether the outputs were identical. It writes PNG plots drawn from
+the same measurements. How the figures are taken: `hybridkv.tools.demo_measure`.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+import warnings
 
-from hybridkv.engine.llm import LLM
-from hybridkv.engine.sampling import SamplingParams
-from hybridkv.kv_cache.specs import AttentionSpec
-from hybridkv.models.presets import build_preset_model
-from hybridkv.tools.workloads import ChatWorkload, few_shot, shared_documents
+import torch
+
+from hybridkv.kv_cache.specs import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from hybridkv.models.presets import build_preset_model, get_preset
+from hybridkv.tools.cli import check_output_dir
+from hybridkv.tools.demo_measure import (
+    Samples,
+    TTFTPoint,
+    WorkloadResult,
+    demo_workloads,
+    make_engines,
+    measure_ttft,
+    measure_workload,
+)
+from hybridkv.tools.demo_plots import write_plots
 
 DEMO_PRESETS = ("gemma3-tiny", "jamba-tiny")
-OUTPUT_LEN = 12
-
-
-@dataclass
-class WorkloadResult:
-    name: str
-    requests: int
-    seconds_on: float
-    seconds_off: float
-    identical: bool
-    group_hit_rates: list[float]
-    hit_rate: float
-    usage_trace: list[float] = field(default_factory=list)
-    peak_bytes: int = 0
-    full_attention_bytes: int = 0
-
-
-def _engine(model, caching: bool) -> LLM:
-    return LLM(model, enable_prefix_caching=caching, block_size=16, num_blocks=2048,
-               max_num_batched_tokens=2048)
-
-
-def _run(model, name: str, caching: bool) -> tuple[list[list[int]], float, LLM]:
-    llm = _engine(model, caching)
-    params = SamplingParams(max_tokens=OUTPUT_LEN, ignore_eos=True)
-
-    def generate(prompts: list[list[int]]) -> list[list[int]]:
-        return [o.output_token_ids for o in llm.generate(prompts, params)]
-
-    t0 = time.perf_counter()
-    if name == "multi-turn chat":
-        outputs = ChatWorkload(num_sessions=4, num_turns=4, system_len=256, user_len=64).run(
-            generate)
-    elif name == "shared documents":
-        outputs = generate(shared_documents(num_docs=4, doc_len=1024, questions_per_doc=6))
-    else:
-        outputs = generate(few_shot(header_len=1024, num_questions=16))
-    return outputs, time.perf_counter() - t0, llm
-
-
-def run_workload(model, name: str) -> WorkloadResult:
-    """One workload with caching on and off: speed, hit rates, memory, identity."""
-    out_on, t_on, llm = _run(model, name, True)
-    out_off, t_off, _ = _run(model, name, False)
-    stats = llm.kv.prefix_cache_stats
-    groups = len(llm.config.kv_cache_groups)
-    result = WorkloadResult(name, len(out_on), t_on, t_off, out_on == out_off,
-                            [stats.group_hit_rate(g) for g in range(groups)], stats.hit_rate,
-                            list(llm.scheduler.stats.usage_trace))
-    result.peak_bytes, result.full_attention_bytes = _memory(llm)
-    return result
-
-
-def _memory(llm: LLM) -> tuple[int, int]:
-    """Peak KV bytes held, and what an all-full-attention cache needs for the same tokens."""
-    cfg = llm.config
-    block_bytes = cfg.page_size_bytes * cfg.num_tensors
-    peak = max(llm.scheduler.stats.usage_trace, default=0.0) * (cfg.num_blocks - 1)
-    specs = llm.runner.kv_cache_specs(16).values()
-    attn = [s for s in specs if isinstance(s, AttentionSpec)]
-    per_token = attn[0].page_size_bytes // attn[0].block_size
-    full_bytes = per_token * len(specs) * max(llm.scheduler.stats.tokens_trace, default=0)
-    return int(peak * block_bytes), full_bytes
-
-
-def measure_ttft(model, prefix_len: int, question_len: int = 24) -> tuple[float, float, float]:
-    """(TTFT miss, TTFT hit, fraction of the hit prompt reused) for one shared prefix."""
-    docs = shared_documents(num_docs=1, doc_len=prefix_len, questions_per_doc=3,
-                            question_len=question_len, seed=prefix_len)
-    llm = _engine(model, True)
-    one = SamplingParams(max_tokens=1, ignore_eos=True)
-    llm.generate([docs[2][:question_len]], one)  # warm-up
-    t0 = time.perf_counter()
-    llm.generate([docs[0]], one)
-    miss = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out = llm.generate([docs[1]], one)[0]
-    hit = time.perf_counter() - t0
-    return miss, hit, out.num_cached_tokens / len(docs[1])
-
-
-def format_table(preset: str, results: list[WorkloadResult], ttft: tuple[float, float, float],
-                 group_names: list[str]) -> str:
-    lines = [f"== {preset}: groups {', '.join(group_names)}",
-             f"   TTFT on a 1,024-token shared document: miss {ttft[0] * 1e3:.1f} ms, "
-             f"hit {ttft[1] * 1e3:.1f} ms ({ttft[2]:.0%} of the prompt reused)",
-             f"   {'workload':18s} {'hit rate':>8s} {'per group':>18s} {'req/s on':>9s} "
-             f"{'req/s off':>9s} {'KV MiB':>7s} {'all-full MiB':>12s}"]
-    for r in results:
-        per_group = "/".join(f"{h:.2f}" for h in r.group_hit_rates)
-        lines.append(f"   {r.name:18s} {r.hit_rate:8.3f} {per_group:>18s} "
-                     f"{r.requests / r.seconds_on:9.1f} {r.requests / r.seconds_off:9.1f} "
-                     f"{r.peak_bytes / 2**20:7.2f} {r.full_attention_bytes / 2**20:12.2f}")
-    same = all(r.identical for r in results)
-    lines.append("   outputs with caching off: " + ("identical" if same else "DIFFERENT"))
-    return "\n".join(lines)
+PREFIX_LENGTHS = (64, 128, 256, 512, 1024)
+REPEATS = 5
 
 
 def run_demo(out_dir: str = "hybridkv-demo-output", presets: tuple[str, ...] = DEMO_PRESETS,
-             prefix_lengths: tuple[int, ...] = (64, 128, 256, 512, 1024),
-             show_progress: bool = True) -> int:
-    """Run the demo; print the tables, write the plots; return 0 if outputs matched."""
-    workloads = ("shared documents", "multi-turn chat", "few-shot prompts")
-    steps = len(presets) * (len(workloads) + 1) + len(prefix_lengths)
-    progress = _progress(steps, show_progress)
-    tables, usage, sweep, all_same = [], {}, [], True
+             prefix_lengths: tuple[int, ...] = PREFIX_LENGTHS, show_progress: bool = True,
+             repeats: int = REPEATS, num_threads: int = 1) -> int:
+    """Run the demo; print the tables, write the plots; return 0 if outputs matched.
+
+    `repeats` timed runs per figure follow a warm-up run; torch runs on
+    `num_threads` threads meanwhile (restored after). ValueError, before
+    anything runs, for an unknown preset, an unwritable `out_dir` or bad counts.
+    """
+    _check_arguments(out_dir, presets, prefix_lengths, repeats, num_threads)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        with warnings.catch_warnings():
+            # every run starts from an emptied cache, so its first lookups miss again
+            warnings.filterwarnings("ignore", message="prefix caching: a prompt prefix",
+                                    category=RuntimeWarning)
+            return _run(out_dir, presets, tuple(sorted(prefix_lengths)), show_progress,
+                        repeats, num_threads)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(out_dir: str, presets: tuple[str, ...], prefix_lengths: tuple[int, ...],
+         show_progress: bool, repeats: int, num_threads: int) -> int:
+    workloads = demo_workloads()
+    progress = _progress(len(presets) * (len(workloads) + 1), show_progress)
+    start, load = time.perf_counter(), os.getloadavg()[0]
+    tables, usage, sweeps, all_same = [], {}, {}, True
     for preset in presets:
-        model = build_preset_model(preset, seed=0)
-        _engine(model, True).generate([[5] * 64], SamplingParams(max_tokens=2))  # warm-up
+        engines = make_engines(build_preset_model(preset, seed=0))
         results = []
-        for name in workloads:
-            results.append(run_workload(model, name))
+        for name, workload in workloads.items():
+            results.append(measure_workload(engines, name, workload, repeats))
             progress(f"{preset}: {name}")
-        ttft = measure_ttft(model, 1024)
+        sweeps[preset] = measure_ttft(engines, prefix_lengths, repeats)
         progress(f"{preset}: time to first token")
-        groups = [type(g.kv_cache_spec).__name__.replace("Spec", "")
-                  for g in _engine(model, True).config.kv_cache_groups]
-        tables.append(format_table(preset, results, ttft, groups))
+        specs = [g.kv_cache_spec for g in engines[True].config.kv_cache_groups]
+        tables.append(format_table(preset, results, sweeps[preset][-1], specs,
+                                   engines[True].config.num_blocks - 1))
         usage[preset] = results[0].usage_trace
         all_same = all_same and all(r.identical for r in results)
-    model = build_preset_model(presets[0], seed=0)
-    for n in prefix_lengths:
-        sweep.append((n, *measure_ttft(model, n)))
-        progress(f"{presets[0]}: shared prefix of {n} tokens")
+    print(f"\nhybridkv demo: torch on {num_threads} thread(s); each figure is the median of "
+          f"{repeats} timed run(s) after a warm-up run, [min-max] in brackets, caching on "
+          f"and off alternating\n(load average {load:.1f} at the start, "
+          f"{os.getloadavg()[0]:.1f} at the end; {time.perf_counter() - start:.0f} s)")
     print("\n" + "\n\n".join(tables))
-    paths = write_plots(out_dir, presets[0], sweep, usage)
+    paths = write_plots(out_dir, sweeps, usage)
     print("\nplots: " + ", ".join(paths))
     return 0 if all_same else 1
 
 
-def write_plots(out_dir: str, preset: str, sweep: list[tuple[int, float, float, float]],
-                usage: dict[str, list[float]]) -> list[str]:
-    """Hit rate and TTFT against shared-prefix length; pool usage over time."""
-    import matplotlib
+def _check_arguments(out_dir: str, presets: tuple[str, ...], prefix_lengths: tuple[int, ...],
+                     repeats: int, num_threads: int) -> None:
+    if not presets:
+        raise ValueError("no preset to run")
+    for preset in presets:
+        get_preset(preset)
+    for name, value in (("repeats", repeats), ("num_threads", num_threads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if not prefix_lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                 for n in prefix_lengths):
+        raise ValueError(f"prefix_lengths must be ints >= 1, got {prefix_lengths!r}")
+    check_output_dir(out_dir)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    os.makedirs(out_dir, exist_ok=True)
-    lengths = [s[0] for s in sweep]
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    ax[0].plot(lengths, [s[3] for s in sweep], marker="o")
-    ax[0].set(xlabel="shared prefix (tokens)", ylabel="fraction of prompt reused",
-              title=f"{preset}: prefix hit rate", xscale="log")
-    ax[1].plot(lengths, [s[1] * 1e3 for s in sweep], marker="o", label="miss")
-    ax[1].plot(lengths, [s[2] * 1e3 for s in sweep], marker="o", label="hit")
-    ax[1].set(xlabel="shared prefix (tokens)", ylabel="ms", title="time to first token",
-              xscale="log")
-    ax[1].legend()
-    first = os.path.join(out_dir, "hit_rate_and_ttft.png")
-    fig.tight_layout()
-    fig.savefig(first, dpi=100)
-    plt.close(fig)
-    fig, axis = plt.subplots(figsize=(6, 4))
-    for name, trace in usage.items():
-        axis.plot(range(len(trace)), [u * 100 for u in trace], label=name)
-    axis.set(xlabel="scheduler step", ylabel="pool usage (%)",
-             title="KV pool usage, shared documents")
-    axis.legend()
-    second = os.path.join(out_dir, "pool_usage.png")
-    fig.tight_layout()
-    fig.savefig(second, dpi=100)
-    plt.close(fig)
-    return [first, second]
+def format_table(preset: str, results: list[WorkloadResult], ttft: TTFTPoint,
+                 specs: list[KVCacheSpec], num_blocks: int) -> str:
+    """One model's figures: TTFT, speed, memory, identity, then what each group did."""
+    lines = [f"== {preset}: {len(specs)} KV cache groups sharing a pool of {num_blocks:,} "
+             f"blocks",
+             f"   time to first token, {ttft.prefix_len:,}-token shared document + question: "
+             f"caching off {_ms(ttft.off)}",
+             f"   caching on: miss {_ms(ttft.miss)}, hit {_ms(ttft.hit)} "
+             f"({ttft.reused:.0%} of the prompt reused)",
+             f"   {'workload':17s} {'hit rate':>8s} {'req/s on':>21s} {'req/s off':>21s} "
+             f"{'on/off':>6s} {'KV MiB':>7s} {'all-full MiB':>12s}"]
+    for r in results:
+        lines.append(f"   {r.name:17s} {r.hit_rate:8.3f} {_rate(r.rate_on):>21s} "
+                     f"{_rate(r.rate_off):>21s} {r.speedup:5.1f}x "
+                     f"{r.peak_bytes / 2**20:7.2f} {r.full_attention_bytes / 2**20:12.2f}")
+    same = all(r.identical for r in results)
+    lines.append("   outputs with caching off: " + ("identical (every run)" if same
+                                                    else "DIFFERENT"))
+    return "\n".join(lines + _group_lines(results, specs))
+
+
+def _group_lines(results: list[WorkloadResult], specs: list[KVCacheSpec]) -> list[str]:
+    """Per group (equal groups merged), for each workload: tokens it alone could
+    reuse / blocks a decoding request held / most blocks held at once."""
+    show_block = len({s.block_size for s in specs}) > 1
+    rows: dict[tuple, list[int]] = {}
+    for g, spec in enumerate(specs):
+        cells = tuple(f"{r.groups[g].reusable_tokens:,} / {r.groups[g].blocks_per_request:.1f}"
+                      f" / {r.groups[g].peak_blocks}" for r in results)
+        rows.setdefault((describe_spec(spec, show_block), cells), []).append(g)
+    lines = ["   per KV cache group (first run of each workload): tokens it alone could reuse / "
+             "blocks a decoding request holds (mean) / most blocks held at once",
+             f"   {'groups':28s} " + " ".join(f"{r.name:>22s}" for r in results)]
+    for (label, cells), ids in rows.items():
+        name = f"{_id_range(ids)} {label}"
+        lines.append(f"   {name:28s} " + " ".join(f"{c:>22s}" for c in cells))
+    return lines
+
+
+def describe_spec(spec: KVCacheSpec, show_block_size: bool = False) -> str:
+    """A short name of a group's attention type, e.g. "sliding window 32"."""
+    if isinstance(spec, SlidingWindowSpec):
+        label = f"sliding window {spec.sliding_window}"
+        if spec.num_sink_tokens:
+            label += f" + {spec.num_sink_tokens} sinks"
+    elif isinstance(spec, ChunkedLocalAttentionSpec):
+        label = f"chunked local {spec.attention_chunk_size}"
+    elif isinstance(spec, MambaSpec):
+        label = "Mamba state"
+    elif isinstance(spec, FullAttentionSpec):
+        label = "full attention"
+    else:
+        label = type(spec).__name__.removesuffix("Spec")
+    return f"{label} (block {spec.block_size})" if show_block_size else label
+
+
+def _id_range(ids: list[int]) -> str:
+    if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    return ",".join(map(str, ids))
+
+
+def _ms(samples: Samples) -> str:
+    return (f"{samples.median * 1e3:.1f} ms [{samples.low * 1e3:.1f}-"
+            f"{samples.high * 1e3:.1f}]")
+
+
+def _rate(samples: Samples) -> str:
+    return f"{samples.median:.1f} [{samples.low:.1f}-{samples.high:.1f}]"
 
 
 def _progress(total: int, enabled: bool):

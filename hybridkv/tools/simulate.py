@@ -14,7 +14,8 @@ import json
 import os
 import random
 import re
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 
 from hybridkv.engine.sampling import SamplingParams
 from hybridkv.engine.scheduler import Scheduler, SeqState
@@ -23,19 +24,46 @@ from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
 from hybridkv.tools.workloads import BUILTIN_TRACES, ChatWorkload, few_shot, shared_documents
 
+# SI prefixes are decimal (GB = 10**9 bytes), IEC prefixes binary (GiB = 2**30 bytes)
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def parse_bytes(text: str) -> int:
-    """'40GiB', '512MB', '1e9' -> bytes; ValueError naming the text otherwise."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    """'40GB' -> 40 * 10**9, '40GiB' -> 40 * 2**30, '1e9' -> bytes; ValueError naming the text.
+
+    Units are case-insensitive; SI units (kB, MB, GB, TB) are decimal and IEC
+    units (KiB, MiB, GiB, TiB) binary, so 40GB is 37.25 GiB.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"--memory {text!r} is not a size like 40GiB or 512MB")
+        raise ValueError(f"--memory {text!r} is not a size like 40GB (decimal) or 40GiB "
+                         f"(binary); units: kB MB GB TB KiB MiB GiB TiB")
     value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if value <= 0:
         raise ValueError(f"--memory {text!r} must be positive")
     return value
+
+
+def format_bytes(num_bytes: int) -> str:
+    """'40.00 GB (37.25 GiB)': both unit systems, so neither is mistaken for the other."""
+    return f"{num_bytes / 10**9:,.2f} GB ({num_bytes / 2**30:,.2f} GiB)"
+
+
+def parse_sweep(text: str) -> list[float]:
+    """'0.25,0.5,1,2' -> budget multipliers; ValueError naming --sweep and the bad item."""
+    items = [f.strip() for f in str(text).split(",")]
+    factors = []
+    for item in items:
+        try:
+            value = float(item)
+        except ValueError:
+            value = float("nan")
+        if not 0 < value < float("inf"):
+            raise ValueError(f"--sweep {text!r}: {item!r} is not a positive budget multiplier "
+                             f"(use a list like 0.25,0.5,1,2)")
+        factors.append(value)
+    return factors
 
 
 @dataclass
@@ -93,6 +121,7 @@ class SimResult:
     peak_tokens: int
     group_hit_rates: list[float]
     group_blocks_peak: list[int]
+    notes: list[str] = field(default_factory=list)  # the manager's warnings, once each
 
 
 class Simulator:
@@ -141,19 +170,26 @@ class Simulator:
 
 
 def simulate(layout: dict, budget: int, trace, **kwargs) -> SimResult:
-    """Replay `trace` on a pool sized from `budget` for the model `layout`."""
+    """Replay `trace` on a pool sized from `budget` for the model `layout`.
+
+    The manager's RuntimeWarnings (e.g. repeated misses of a pool too small
+    for the working set) are part of the result (`notes`), not printed.
+    """
     config = KVCacheConfig.from_layer_specs(layout, budget)
     sim = Simulator(config, **kwargs)
-    if isinstance(trace, ChatWorkload):
-        trace.run(lambda prompts: sim.generate(prompts, [64] * len(prompts)))
-    else:
-        sim.generate([t.prompt for t in trace], [t.max_tokens for t in trace])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        if isinstance(trace, ChatWorkload):
+            trace.run(lambda prompts: sim.generate(prompts, [64] * len(prompts)))
+        else:
+            sim.generate([t.prompt for t in trace], [t.max_tokens for t in trace])
     stats = sim.kv.prefix_cache_stats
+    notes = list(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
     return SimResult(budget, config.num_blocks, stats.hit_rate, sim.count,
                      sim.scheduler.stats.preemptions, stats.evictions,
                      max(sim.scheduler.stats.tokens_trace, default=0),
                      [stats.group_hit_rate(g) for g in range(len(stats.group_hits))],
-                     sim.group_peak)
+                     sim.group_peak, notes)
 
 
 def run_simulate(args) -> int:
@@ -161,9 +197,9 @@ def run_simulate(args) -> int:
     from hybridkv.models.layouts import model_layout
 
     budget = parse_bytes(args.memory)
+    factors = parse_sweep(args.sweep)
     layout = model_layout(args.model, args.block_size)
     trace = load_trace(args.trace)
-    factors = [float(f) for f in args.sweep.split(",") if f]
     main = simulate(layout, budget, trace, eviction_policy=args.eviction_policy)
     print(_report(args, layout, main))
     results = [main]
@@ -174,6 +210,12 @@ def run_simulate(args) -> int:
                                     eviction_policy=args.eviction_policy))
         except ValueError as e:  # a budget in the sweep too small for the trace
             print(f"  sweep x{factor:g}: {str(e).splitlines()[0]}")
+            continue
+        r = results[-1]
+        print(f"  sweep x{factor:g}: {format_bytes(r.budget_bytes)}, {r.num_blocks:,} blocks, "
+              f"hit rate {r.hit_rate:.3f}, evictions {r.evictions:,}, "
+              f"preemptions {r.preemptions}")
+        print(*(f"    note: {n}" for n in r.notes), sep="\n", end="\n" if r.notes else "")
     results.sort(key=lambda r: r.budget_bytes)
     path = _plot(args.out, args.model, results)
     print(f"plot: {path}")
@@ -183,12 +225,13 @@ def run_simulate(args) -> int:
 def _report(args, layout: dict, r: SimResult) -> str:
     config = KVCacheConfig.from_layer_specs(layout, r.budget_bytes)
     lines = [f"{args.model}: {len(layout)} layers, trace {args.trace}, "
-             f"budget {r.budget_bytes / 2**30:.2f} GiB",
+             f"budget {format_bytes(r.budget_bytes)}",
              *("  " + ln for ln in config.describe().splitlines()),
              f"  requests {r.requests}, prefix hit rate {r.hit_rate:.3f} "
              f"(per group {', '.join(f'{h:.3f}' for h in r.group_hit_rates)})",
              f"  peak tokens scheduled {r.peak_tokens:,}, peak blocks per group "
-             f"{r.group_blocks_peak}, evictions {r.evictions:,}, preemptions {r.preemptions}"]
+             f"{r.group_blocks_peak}, evictions {r.evictions:,}, preemptions {r.preemptions}",
+             *(f"  note: {n}" for n in r.notes)]
     return "\n".join(lines)
 
 

@@ -8,7 +8,6 @@ import pytest
 
 from hybridkv.models.layouts import KNOWN_MODELS, model_layout
 from hybridkv.tools.cli import main
-from hybridkv.tools.demo import run_demo
 from hybridkv.tools.simulate import load_trace, parse_bytes, simulate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -90,14 +89,3 @@ def test_simulate_command_writes_a_plot(tmp_path):
                  "--trace", "few-shot", "--sweep", "0.5,1", "--out", str(out)])
     assert code == 0
     assert (out / "hit_rate_vs_budget.png").read_bytes()[:8] == PNG_MAGIC
-
-
-def test_demo_runs_and_reports_identical_outputs(tmp_path, capsys):
-    code = run_demo(str(tmp_path), ("gemma3-tiny",), prefix_lengths=(64, 256),
-                    show_progress=False)
-    out = capsys.readouterr().out
-    assert code == 0 and "outputs with caching off: identical" in out
-    for name in ("hit_rate_and_ttft.png", "pool_usage.png"):
-        assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
-    rag = next(line for line in out.splitlines() if "shared documents" in line)
-    assert float(rag.split()[2]) > 0.5  # the hit rate column comes from the run

@@ -13,6 +13,9 @@ from engine_helpers import smallest_pool
 from hybridkv import LLM, SamplingParams
 from hybridkv.models.presets import build_preset_model
 
+# pools barely larger than one request on purpose: the repeated-miss warning is expected
+pytestmark = pytest.mark.filterwarnings("ignore:prefix caching:RuntimeWarning")
+
 PRESETS = ["gemma3-tiny", "gemma2-tiny", "qwen2-tiny", "mistral-tiny", "llama4-tiny",
            "gpt-oss-tiny"]
 MAX_TOKENS = 6

@@ -16,6 +16,9 @@ from hybridkv import LLM, SamplingParams
 from hybridkv.models.presets import build_preset_model
 from hybridkv.testing.models import hf_greedy_no_cache, slow_decay
 
+# pools barely larger than one request on purpose: the repeated-miss warning is expected
+pytestmark = pytest.mark.filterwarnings("ignore:prefix caching:RuntimeWarning")
+
 MAX_TOKENS = 5
 BLOCK = 8
 

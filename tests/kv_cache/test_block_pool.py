@@ -127,6 +127,25 @@ def test_reset_prefix_cache_refuses_while_blocks_are_held():
     pool.check_integrity()
 
 
+@pytest.mark.parametrize("policy", ["lru", "hybrid"])
+def test_blocks_emptied_by_reset_are_reused_before_later_cached_data(policy):
+    pool = BlockPool(7, eviction_policy=policy)
+    old = pool.get_new_blocks(4)
+    pool.cache_blocks(old, [bytes([i]) * 32 for i in range(4)], 0, 4, 0)
+    pool.free_blocks(old)
+    pool.touch(old[:2])  # hit: the hybrid policy ranks them above never-hit data
+    pool.free_blocks(old[:2])
+    assert pool.reset_prefix_cache()
+    assert all(b.num_hits == 0 and b.block_hash is None for b in old)
+    new = pool.get_new_blocks(2)
+    pool.cache_blocks(new, [b"n" * 32, b"m" * 32], 0, 2, 0)
+    pool.free_blocks(new)
+    taken = pool.get_new_blocks(4)  # the 4 free blocks holding nothing, not the new data
+    assert pool.num_evictions == 0 and set(taken) == set(pool.blocks[1:]) - set(new)
+    assert pool.get_cached_block(b"n" * 32, 0) is new[0]
+    pool.check_integrity(taken)
+
+
 def test_pinned_blocks_do_not_block_reset_and_are_never_free():
     pool = BlockPool(4)
     pinned = pool.pin_blocks(2)

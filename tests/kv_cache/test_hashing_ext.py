@@ -2,13 +2,16 @@
 
 Oracles: an independent chain written here with struct + hashlib/xxhash, and
 `hashing.py` itself with its module-level `_chainhash` patched to None (the
-reference path). The C-vs-Python tests skip when the extension is not built;
-the bad-token tests run on whichever paths exist.
+reference path). The C-vs-Python tests FAIL when the extension is not built
+(it needs only a C compiler and Python's headers), unless
+HYBRIDKV_ALLOW_PYTHON_HASHING=1 says the fallback is intended: then they skip.
+The bad-token tests run on whichever paths exist.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import struct
 from array import array
@@ -34,9 +37,14 @@ OPTIONS = (
 
 @pytest.fixture
 def ext():
-    """The compiled module; skips the test when it was not built."""
-    module = pytest.importorskip("hybridkv.kv_cache._chainhash")
-    assert hashing._chainhash is module, "hashing.py does not use the built extension"
+    """The compiled module; a missing one fails the test unless the fallback is intended."""
+    if hashing.EXTENSION_ERROR is not None:
+        if os.environ.get(hashing.ALLOW_PYTHON_ENV) == "1":
+            pytest.skip(f"C hashing extension not built, {hashing.ALLOW_PYTHON_ENV}=1")
+        pytest.fail(f"C hashing extension not built: {hashing.EXTENSION_ERROR} "
+                    f"(set {hashing.ALLOW_PYTHON_ENV}=1 if the fallback is intended)")
+    module = hashing._chainhash
+    assert module is not None, "hashing.py does not use the built extension"
     return module
 
 

@@ -146,3 +146,51 @@ def test_take_gets_blocks_that_aging_moves_into_an_emptied_tier():
     assert len(taken) == age + 1 and taken[-1] is protected
     assert pool.num_free_blocks == 0
     pool.check_integrity()
+
+
+def stale_scenario(monkeypatch, data_comes_back, idle_takes):
+    """Hit blocks a and b (a released first), a fresh block g; the fresh tier has
+    lost a block `f` whose data is (or is not) computed again; the clock then runs
+    `idle_takes` blocks (an uncached block taken and freed). Returns the order the
+    three are taken in."""
+    for name, value in (("RETURN_WEIGHT", 0.5), ("RETURN_GATE", 0.35), ("STALE_AGE", 2.0),
+                        ("REUSE_DECAY", 1.0)):
+        monkeypatch.setattr(hybrid_eviction, name, value)
+    pool = BlockPool(9, eviction_policy="hybrid")
+    held = pool.get_new_blocks(8)  # the clock is at 8
+    a, b, f, g, spare, e = held[0], held[1], held[2], held[3], held[4], held[7]
+    cached(pool, [blk.block_id for blk in held[:7]], b"s")
+    a.num_hits = b.num_hits = 1
+    pool.free_blocks([a])
+    pool.free_blocks([b])
+    f_hash = f.block_hash
+    pool.free_blocks([f])
+    assert pool.get_new_blocks(1) == [f]  # never-hit data evicted; the policy watches it
+    if data_comes_back:
+        pool.free_blocks([spare])  # spare's data gives way to f's, computed again
+        pool.evict_blocks([spare.block_id])
+        assert pool.get_new_blocks(1) == [spare]
+        assert pool.cache_block(spare, f_hash, 0)
+    pool.touch([b])  # a hit after 1-2 blocks: the longest reuse distance
+    pool.free_blocks([b])
+    for _ in range(idle_takes):
+        pool.free_blocks([e])
+        assert pool.get_new_blocks(1) == [e]
+    pool.free_blocks([g])
+    order = [{a: "a", b: "b", g: "g"}[blk] for blk in pool.get_new_blocks(3)]
+    pool.check_integrity()
+    return order
+
+
+def test_stale_hit_blocks_go_before_fresh_data_that_keeps_coming_back(monkeypatch):
+    # fresh data came back and a, b went unused for more than 2 reuse distances
+    assert stale_scenario(monkeypatch, True, 6) == ["a", "b", "g"]
+
+
+def test_stale_rule_is_off_while_evicted_fresh_data_does_not_come_back(monkeypatch):
+    assert stale_scenario(monkeypatch, False, 6) == ["g", "a", "b"]
+
+
+def test_recently_used_hit_blocks_are_not_stale(monkeypatch):
+    # the rule is on, but a and b were released too recently to count as stale
+    assert stale_scenario(monkeypatch, True, 0) == ["g", "a", "b"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import tokenizers
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
@@ -86,6 +86,9 @@ def test_fixed_samples_round_trip(preset):
 @given(text=st.text(max_size=200))
 def test_any_text_round_trips(preset, text):
     tok = tokenizer(preset)
+    # text spelling a special token encodes to that token (tested below), which decoding
+    # with skip_special_tokens drops on purpose
+    assume(not any(special in text for special in tok.get_added_vocab()))
     ids = tok.encode(text, add_special_tokens=False)
     assert max(ids, default=0) < get_preset(preset).build_config().vocab_size
     assert tok.decode(ids) == text

@@ -7,6 +7,9 @@ blocks) must each be caught by the shadow of block contents alone, with the
 brute-force oracle switched off: the checks are not vacuous.
 """
 
+import os
+import subprocess
+import sys
 from unittest.mock import patch
 
 import pytest
@@ -28,8 +31,6 @@ from hybridkv.testing.fuzz import (
 from hybridkv.testing.shadow import ShadowViolation, kept_boundaries, positions_read
 
 EXAMPLES_PER_CONFIG = 10
-# tiny pools on purpose: the manager's hint that the pool is too small is expected
-pytestmark = pytest.mark.filterwarnings("ignore:prefix caching:RuntimeWarning")
 
 
 @pytest.mark.parametrize("policy", EVICTION_POLICIES)
@@ -126,3 +127,16 @@ def test_run_fuzz_reports_what_it_ran():
     assert result.violations == []
     with pytest.raises(ValueError, match="nope"):
         make_machine(["nope"])
+
+
+def test_fuzz_module_imports_without_hypothesis_and_says_what_is_missing():
+    # hypothesis is a test extra: importing the module must not need it, making a
+    # machine must say how to get it
+    code = ("import sys; sys.modules['hypothesis'] = None\n"
+            "import hybridkv.testing, hybridkv.testing.fuzz as fuzz\n"
+            "try:\n    fuzz.make_machine()\nexcept ImportError as e:\n    print(e)\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": root}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "needs hypothesis" in done.stdout and "hybridkv[test]" in done.stdout

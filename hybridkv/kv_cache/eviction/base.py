@@ -10,8 +10,9 @@ their cached data (`uncache`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import IntEnum
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -47,6 +48,9 @@ class EvictionPolicy(ABC):
     # request ends, the free blocks its groups rated again are then removed and
     # given to `add_free` again with its release (after its blocks)
     uses_hints: bool = False
+    # hashes of evicted data the policy wants to hear about when it is computed and
+    # cached again (`recomputed`); empty for policies that do not watch
+    evicted: Mapping[bytes, object] = MappingProxyType({})
 
     @abstractmethod
     def __init__(self, blocks: Iterable[Block] = ()) -> None:
@@ -84,6 +88,9 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def uncache(self, block: Block) -> None:
         """A free block lost its cached data: it becomes the first to reuse."""
+
+    def recomputed(self, block_hash: bytes) -> None:  # noqa: B027 - optional hook
+        """Data whose hash is in `evicted` was computed and cached again."""
 
     def hint_changed(self, block: Block) -> None:  # noqa: B027 - optional hook
         """A free block's eviction hints (`num_hits`, `value_hint`) changed.

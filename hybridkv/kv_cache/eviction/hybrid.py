@@ -28,6 +28,17 @@ the back of tier 2, so data that stops being hit drifts down and new popular
 data can take its place (slowly: a burst of new data must not wash out what
 is still being reused). A hit takes a block out of the queue; on release it
 re-enters by its hit count.
+
+Stale hit data: hit counts say a block was useful, not that it still is (an
+agent that finished, a conversation that ended). The policy keeps the longest
+recent reuse distance of hits (blocks taken between a block's release and its
+hit, a maximum that decays by REUSE_DECAY per hit, whatever its length) and watches whether fresh
+data it evicts is computed again. While at least RETURN_GATE of recent fresh
+evictions come back (the never-hit tier is losing live data, e.g. the newest
+step of agents that run round-robin in a pool that holds them all), a hit
+block unused for more than STALE_AGE times that distance is taken before the
+never-hit tier. When fresh evictions do not come back (unique questions,
+a cycle larger than the pool) nothing changes.
 """
 
 from __future__ import annotations
@@ -44,6 +55,13 @@ if TYPE_CHECKING:
 # the tiers, in the order they are taken from (indexes into HybridPolicy._tiers)
 EMPTY, LOW, FRESH, HIT_ONCE, HIT_OFTEN, KEPT = range(6)
 AGE_EVERY = 8
+# stale hit data (see above): age limit in reuse distances, decay of the longest
+# reuse distance per hit, the share of fresh evictions coming back that turns the
+# rule on, and the weight of one eviction in that share
+STALE_AGE = 4.0
+REUSE_DECAY = 0.999
+RETURN_GATE = 0.35
+RETURN_WEIGHT = 1 / 256
 # tiers kept as stacks (the end of the dict is taken first: new blocks go on top);
 # the others are queues (the front is taken first, new blocks join at the end)
 STACKS = (EMPTY, FRESH)
@@ -53,19 +71,25 @@ class HybridPolicy(EvictionPolicy):
     """Tiered free queue: empty, low value, fresh (newest first), hit once, hit often,
     kept for a running request.
 
-    A free block's tier is kept in `Block.queue_slot` (-1 when not free).
+    A free block's tier is kept in `Block.queue_slot` (-1 when not free); its
+    entry in the tier holds the clock (blocks taken so far) at its release.
     """
 
     uses_hints = True
 
     def __init__(self, blocks: Iterable[Block] = ()) -> None:
-        self._tiers: list[OrderedDict[Block, None]] = [OrderedDict() for _ in range(6)]
-        self._num_taken = 0
+        self._tiers: list[OrderedDict[Block, int]] = [OrderedDict() for _ in range(6)]
+        self._num_taken = 0  # never-hit data evicted (drives aging)
+        self._clock = 0  # blocks taken
+        self._reuse = 0.0  # the longest recent reuse distance of hits
+        self._returns = 0.0  # share of recent fresh evictions computed again
+        self.evicted: OrderedDict[bytes, None] = OrderedDict()  # fresh evictions watched
         initial = list(blocks)
         for block in reversed(initial):  # a stack: the first given on top
-            self._tiers[EMPTY][block] = None
+            self._tiers[EMPTY][block] = 0
             block.queue_slot = EMPTY
         self._num_free = len(initial)
+        self._watch_limit = max(len(initial), 1)
 
     def __len__(self) -> int:
         return self._num_free
@@ -82,7 +106,7 @@ class HybridPolicy(EvictionPolicy):
         tiers = self._tiers
         empty, low = tiers[EMPTY], tiers[LOW]
         protected, low_value, junction = PROTECTED, LOW_VALUE, JUNCTION
-        count = 0
+        count, clock = 0, self._clock
         # a released block's tier: empty if it caches nothing; low if rated low value
         # and never hit (data that was hit proved its value whatever the rating);
         # else by hits, a junction rating counting as one more
@@ -90,16 +114,16 @@ class HybridPolicy(EvictionPolicy):
             count += 1
             if block.block_hash is None:
                 block.queue_slot = EMPTY
-                empty[block] = None
+                empty[block] = clock
                 continue
             hits, rating = block.num_hits, block.value_hint
             if rating == protected:
                 block.queue_slot = KEPT
-                tiers[KEPT][block] = None
+                tiers[KEPT][block] = clock
                 continue
             if rating == low_value and not hits:
                 block.queue_slot = LOW
-                low[block] = None
+                low[block] = clock
                 continue
             t = hits + 1 if rating == junction else hits
             if not t:
@@ -108,70 +132,111 @@ class HybridPolicy(EvictionPolicy):
             else:
                 t = HIT_ONCE if t == 1 else HIT_OFTEN
                 block.queue_slot = t
-                tiers[t][block] = None
+                tiers[t][block] = clock
         self._num_free += count
         stack = tiers[FRESH]
         for block in reversed(fresh):  # the whole release goes first, its tail first
-            stack[block] = None
+            stack[block] = clock
 
     def remove(self, block: Block) -> None:
-        del self._tiers[block.queue_slot][block]
-        block.queue_slot = -1
-        self._num_free -= 1
+        self.remove_blocks((block,))
 
     def remove_blocks(self, blocks: Sequence[Block]) -> None:
-        tiers = self._tiers
+        tiers, clock = self._tiers, self._clock
+        reuse = self._reuse * REUSE_DECAY  # one hit, however many blocks
         for block in blocks:
-            del tiers[block.queue_slot][block]
+            slot = block.queue_slot
+            released = tiers[slot].pop(block)
             block.queue_slot = -1
+            if FRESH <= slot <= HIT_OFTEN and clock - released > reuse:  # how long it waited
+                reuse = clock - released
+        self._reuse = reuse
         self._num_free -= len(blocks)
 
     def take(self, num_blocks: int) -> list[Block]:
         tiers = self._tiers
-        if num_blocks == 1:  # the common decode case
+        stale = self._returns >= RETURN_GATE and self._reuse > 0  # the stale-data rule is on
+        if num_blocks == 1 and not stale:  # the common decode case
             for t, tier in enumerate(tiers):
                 if tier:
                     block = tier.popitem(t in STACKS)[0]
                     block.queue_slot = -1
                     self._num_free -= 1
+                    self._clock += 1
                     if t == FRESH:
-                        self._num_taken += 1
-                        if self._num_taken % AGE_EVERY == 0:
-                            self._age()
+                        self._evicted_fresh([block])
                     return [block]
         out: list[Block] = []
         while len(out) < num_blocks:  # from the lowest non-empty tier (aging may refill one)
             t = next(i for i, tier in enumerate(tiers) if tier)
+            if t == FRESH and stale:
+                self._take_fresh(out, num_blocks - len(out))
+                continue
             pop, top = tiers[t].popitem, t in STACKS
             taken = [pop(top)[0] for _ in range(min(num_blocks - len(out), len(tiers[t])))]
             for block in taken:
                 block.queue_slot = -1
             out += taken
             if t == FRESH:  # only evicting data counts: empty and low-value blocks are no loss
-                before = self._num_taken
-                self._num_taken += len(taken)
-                for _ in range(self._num_taken // AGE_EVERY - before // AGE_EVERY):
-                    self._age()
+                self._evicted_fresh(taken)
         self._num_free -= len(out)
+        self._clock += len(out)
         return out
+
+    def _take_fresh(self, out: list[Block], num_blocks: int) -> None:
+        """Take up to `num_blocks` from the never-hit tier, or stale hit blocks before them."""
+        tiers, fresh = self._tiers, self._tiers[FRESH]
+        limit = self._clock + len(out) - STALE_AGE * self._reuse
+        while num_blocks and fresh:
+            for t in (HIT_ONCE, HIT_OFTEN):
+                tier = tiers[t]
+                if tier and tier[next(iter(tier))] < limit:  # unused for too long
+                    block = tier.popitem(last=False)[0]
+                    break
+            else:
+                block = fresh.popitem()[0]
+                self._evicted_fresh([block])
+            block.queue_slot = -1
+            out.append(block)
+            num_blocks -= 1
+            limit += 1
+
+    def _evicted_fresh(self, blocks: list[Block]) -> None:
+        """Count never-hit data evicted (aging; the share that comes back)."""
+        before = self._num_taken
+        self._num_taken += len(blocks)
+        for _ in range(self._num_taken // AGE_EVERY - before // AGE_EVERY):
+            self._age()
+        self._returns *= (1 - RETURN_WEIGHT) ** len(blocks)
+        watched = self.evicted
+        for block in blocks:
+            if block.block_hash is not None:
+                watched[block.block_hash] = None
+        while len(watched) > self._watch_limit:
+            watched.popitem(last=False)
+
+    def recomputed(self, block_hash: bytes) -> None:
+        del self.evicted[block_hash]
+        self._returns += RETURN_WEIGHT
 
     def _age(self) -> None:
         """Move the least recently used block of each hit tier one tier down."""
         tiers = self._tiers
         for t in (HIT_ONCE, HIT_OFTEN):
             if tiers[t]:
-                block = tiers[t].popitem(last=False)[0]
+                block, released = tiers[t].popitem(last=False)
                 below = tiers[t - 1]
-                below[block] = None  # the back of the tier below: taken last there
+                below[block] = released  # the back of the tier below: taken last there
                 if t - 1 in STACKS:
                     below.move_to_end(block, last=False)
                 block.queue_slot = t - 1
 
     def hint_changed(self, block: Block) -> None:
-        self.remove(block)
+        del self._tiers[block.queue_slot][block]  # not a hit: no reuse distance
+        self._num_free -= 1
         self.add_free([block])
 
     def uncache(self, block: Block) -> None:
-        del self._tiers[block.queue_slot][block]
-        self._tiers[EMPTY][block] = None  # on top: reused first
+        released = self._tiers[block.queue_slot].pop(block)
+        self._tiers[EMPTY][block] = released  # on top: reused first
         block.queue_slot = EMPTY

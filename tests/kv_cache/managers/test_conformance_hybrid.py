@@ -123,7 +123,7 @@ FULL4, FULL8, W5 = FullAttentionSpec(4), FullAttentionSpec(8), sw(4, 5)  # W5 ne
 
 
 @pytest.mark.parametrize("groups, max_length, want", [
-    # DESIGN.md's example: full blocks 0-3, window blocks 1 and 3
+    # the coordinator docstring's example: full blocks 0-3, window blocks 1 and 3
     ([(full_is_reusable, FULL4, {0, 1, 2, 3}), (sliding_window_is_reusable, W5, {1, 3})],
      16, 16),
     # window block 3 evicted: the window shrinks to 8, full accepts 8

@@ -6,6 +6,8 @@ the free queue, a cached one to the back (LRU). Groups allocate in group
 order. Every expectation below follows from those rules alone.
 """
 
+import pytest
+
 from hybridkv import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -77,7 +79,10 @@ def test_refused_allocation_keeps_blocks_a_window_left_behind():
     run(kv, a)  # blocks 1, 2, 3; free 4-7
     a.append_output_token_ids(PROMPT[12:40])  # 40 tokens: 10 blocks, 2 of 3 releasable
     before = state_snapshot(kv)
-    assert kv.allocate_slots(a, 28) is None  # needs 7 new, 2 released + 4 free < 7
+    # needs 7 new, 2 released + 4 free < 7, with no other request holding blocks: it
+    # can never be served at this size (a smaller chunk fits, below)
+    with pytest.raises(ValueError, match="'a' needs .* never be served"):
+        kv.allocate_slots(a, 28)
     assert snapshot_diff(before, state_snapshot(kv)) == []
     assert kv.get_block_ids("a") == ([1, 2, 3],) and free_queue(kv) == [4, 5, 6, 7]
     assert kv.allocate_slots(a, 4) is not None  # 16 tokens: releases 1 and 2, takes 4
@@ -113,7 +118,8 @@ def test_mamba_hit_is_the_last_cached_state():
     assert free_queue(kv) == list(range(4, 16)) + [1]
     assert kv.get_retained_block_ids("a") == ([2],)
     kv.free(a)  # the live state was never cached: front; 2 after it
-    assert kv.get_retained_block_ids("a") == ([],)
+    with pytest.raises(KeyError, match="'a' holds no blocks"):
+        kv.get_retained_block_ids("a")
     b = Request("b", PROMPT[:10] + [5, 6])
     assert hit_ids(kv, b.all_token_ids) == (([0, 2],), 8)
     run(kv, b, expect_hit=8)  # touches 2; new checkpoint at 12 (3) and live state (4)
@@ -145,10 +151,11 @@ def test_sink_blocks_are_pinned_and_never_listed():
     assert [kv.pool.blocks[i].ref_cnt for i in sinks] == [1, 1]
     assert not set(sinks) & set(free_queue(kv)) and kv.num_free_blocks == 7
     big = Request("big", PROMPT[:29])  # 8 blocks: more than the 7 a request can have
-    assert kv.allocate_slots(big, 29) is None
+    with pytest.raises(ValueError, match="'big' needs 8 more blocks"):  # never fits
+        kv.allocate_slots(big, 29)
     fits = Request("fits", PROMPT[:28])
-    run(kv, fits)  # the reset emptied the map but left the queue order: 5-9, then 4, 3
-    assert kv.get_block_ids("fits") == ([5, 6, 7, 8, 9, 4, 3],) and kv.num_free_blocks == 0
+    run(kv, fits)  # the reset emptied 3 and 4, which are reused first, then 5-9
+    assert kv.get_block_ids("fits") == ([4, 3, 5, 6, 7, 8, 9],) and kv.num_free_blocks == 0
 
 
 def test_evicting_a_window_block_shrinks_the_hybrid_hit():

@@ -147,8 +147,7 @@ def test_mamba_states_a_hit_stops_at_stay_held_until_the_request_ends():
     mgr.free(a)
     assert states_a[grid].ref_cnt == 1  # b still holds it
     mgr.free(b)
-    assert all(blk.ref_cnt == 0 for blk in mgr.pool.blocks[1:])
-    assert mgr.get_retained_block_ids("b") == ([], [])
+    assert all(blk.ref_cnt == 0 for blk in mgr.pool.blocks[1:])  # retained ones too
     mgr.check_integrity()
 
 
