@@ -29,8 +29,8 @@ Three measurements, each against a real server subprocess on 127.0.0.1:
     python benchmarks/bench_serving.py --out /tmp/bench-serving
     python benchmarks/bench_serving.py --quick       # one rate, a few requests: checks it runs
 
-Writes `serving_<preset>.json` and `ttft_vs_rate.png` into `--out` (default:
-a folder in the system temp dir, never the source tree).
+Writes `serving_<preset>.json` and `ttft_vs_rate.png` into `--out` (default
+`./hybridkv-bench-output`, which git ignores).
 """
 
 from __future__ import annotations
@@ -337,36 +337,42 @@ def low_load_ttft(args, log_dir: str) -> dict:
 
 
 def sweep(args, log_dir: str) -> dict:
-    """TTFT and throughput against the request rate, caching on and off."""
+    """TTFT and throughput against the request rate, caching on and off; the two
+    servers run side by side and take turns at each rate (a noisy machine then
+    disturbs both alike)."""
     out: dict = {}
-    for name, make in (("shared_documents", SharedDocuments), ("multi_turn", MultiTurn)):
-        for caching in (True, False):
-            flags = [] if caching else ["--no-prefix-caching"]
-            server = Server(args.preset, "--threads", str(args.threads), "--max-queue",
-                            "100000", *flags, log_dir=log_dir)
-            rows = []
-            try:
-                for rate in args.rates:
-                    n = max(args.min_requests, min(args.max_requests,
-                                                   round(rate * args.duration)))
-                    workload = make(args.seed)
-                    workload.warm_up(server.url)
-                    records, seconds = asyncio.run(open_loop(
-                        server.url, workload, rate, n, args.output_len, args.seed))
-                    row = {"rate": rate, **summarize(records, seconds)}
-                    rows.append(row)
-                    print(name, "caching" if caching else "no caching", json.dumps(row),
-                          flush=True)
-                    if row["ttft_p99_s"] > args.give_up_ttft:
-                        break
-            finally:
+    workloads = {"shared_documents": SharedDocuments, "multi_turn": MultiTurn}
+    for name in args.workloads.split(","):
+        servers = {key: Server(args.preset, "--threads", str(args.threads), "--max-queue",
+                               "100000", *flags, log_dir=log_dir)
+                   for key, flags in (("on", []), ("off", ["--no-prefix-caching"]))}
+        rows: dict[str, list[dict]] = {"on": [], "off": []}
+        try:
+            for rate in args.rates:
+                for key, server in servers.items():
+                    if rows[key] and rows[key][-1]["ttft_p99_s"] > args.give_up_ttft:
+                        continue  # past saturation already
+                    rows[key].append(run_rate(args, server.url, workloads[name], rate))
+                    print(name, "caching", key, json.dumps(rows[key][-1]), flush=True)
+        finally:
+            for server in servers.values():
                 server.stop()
-            ok = [r["rate"] for r in rows if r["ttft_p99_s"] <= 1.0]
-            out.setdefault(name, {})["on" if caching else "off"] = {
-                "rows": rows, "max_rate_p99_ttft_1s": max(ok) if ok else 0.0}
+        out[name] = {key: {"rows": rows[key], "max_rate_p99_ttft_1s": max(
+            [r["rate"] for r in rows[key] if r["ttft_p99_s"] <= 1.0], default=0.0)}
+            for key in rows}
         on, off = (out[name][k]["max_rate_p99_ttft_1s"] for k in ("on", "off"))
         out[name]["on_over_off"] = on / off if off else float("inf")
     return out
+
+
+def run_rate(args, url: str, make, rate: float) -> dict:
+    """One open-loop run at `rate` of a fresh workload; its summary."""
+    n = max(args.min_requests, min(args.max_requests, round(rate * args.duration)))
+    workload = make(args.seed)
+    workload.warm_up(url)
+    records, seconds = asyncio.run(open_loop(url, workload, rate, n, args.output_len,
+                                             args.seed))
+    return {"rate": rate, **summarize(records, seconds)}
 
 
 def plot(result: dict, path: str) -> None:
@@ -401,6 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="gemma3-tiny")
     ap.add_argument("--rates", default="2,4,8,16,32,64,128")
+    ap.add_argument("--workloads", default="shared_documents,multi_turn")
     ap.add_argument("--duration", type=float, default=8.0, help="seconds of arrivals per rate")
     ap.add_argument("--min-requests", type=int, default=24)
     ap.add_argument("--max-requests", type=int, default=600)

@@ -39,6 +39,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KV cache budget, e.g. 64MiB (default 64MiB)")
     engine.add_argument("--num-blocks", type=int, default=None,
                         help="pool size in blocks (overrides --kv-cache-bytes)")
+    engine.add_argument("--kv-store", default=None, metavar="URL",
+                        help="a second KV tier behind the device pool: cpu://?size=4GiB, "
+                             "file:///dir?size=20GiB or redis://host:port/db (docs/kv_tiers.md)")
     engine.add_argument("--block-size", type=int, default=16)
     engine.add_argument("--max-num-seqs", type=int, default=32)
     engine.add_argument("--max-num-batched-tokens", type=int, default=2048)

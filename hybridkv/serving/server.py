@@ -55,7 +55,8 @@ def build_llm(args: argparse.Namespace) -> Any:
                kv_cache_memory_bytes=_kv_cache_bytes(args.kv_cache_bytes),
                max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens,
-               hash_algo=args.hash_algo, eviction_policy=args.eviction_policy, seed=args.seed)
+               hash_algo=args.hash_algo, eviction_policy=args.eviction_policy, seed=args.seed,
+               kv_store=args.kv_store)
     warm_up(llm)
     return llm
 

@@ -8,8 +8,6 @@ and chat: a preset's weights plus a small byte-level BPE trained here with the
 
 from __future__ import annotations
 
-import codecs
-import this
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -18,8 +16,10 @@ CHAT_TEMPLATE = (
 
 
 def sample_text() -> str:
-    """English text that ships with Python (the Zen of Python)."""
-    return codecs.decode(this.s, "rot13")
+    """English text that ships with the package (the presets' tokenizer corpus)."""
+    from hybridkv.models.tokenizers.build import corpus_text
+
+    return corpus_text()
 
 
 def train_tokenizer(vocab_size: int = 480):

@@ -94,12 +94,13 @@ def _run_demo(args: argparse.Namespace) -> int:
 # ---- simulate ---------------------------------------------------------------
 
 def _simulate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True,
+    p.add_argument("--model",
                    help="a known model (gemma-3-27b, gpt-oss-120b, jamba-1.5-mini, "
-                        "llama-4-scout) or a config.json path")
-    p.add_argument("--memory", required=True,
+                        "llama-4-scout) or a config.json path (required without --instances)")
+    p.add_argument("--memory",
                    help="KV cache budget: decimal SI units (40GB = 40*10^9 bytes, MB, kB, TB) "
-                        "or binary units (40GiB = 40*2^30 bytes, MiB, KiB, TiB)")
+                        "or binary units (40GiB = 40*2^30 bytes, MiB, KiB, TiB) (required "
+                        "without --instances)")
     p.add_argument("--trace", default="shared-documents",
                    help="a JSONL file of prompts or a built-in trace "
                         "(shared-documents, few-shot, multi-turn)")
@@ -108,11 +109,22 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
                    help="budget multipliers for the plot, comma-separated positive numbers")
     p.add_argument("--out", default="hybridkv-simulate-output", help="folder for the plot")
     p.add_argument("--eviction-policy", default=None)
+    from hybridkv.tools.cluster_report import add_cluster_arguments
+
+    add_cluster_arguments(p)
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
+    if args.instances is not None:  # a cluster behind the router
+        from hybridkv.tools.cluster_report import run_cluster
+
+        check_output_dir(args.out)
+        return run_cluster(args)
     from hybridkv.tools.simulate import parse_bytes, parse_sweep, run_simulate
 
+    if not args.model or not args.memory:
+        raise ValueError("the following arguments are required: --model, --memory "
+                         "(or --instances N for a cluster)")
     parse_bytes(args.memory)  # bad values fail before any work
     parse_sweep(args.sweep)
     check_output_dir(args.out)
@@ -153,6 +165,20 @@ def _run_serve(args: argparse.Namespace) -> int:
     return run_server(args)
 
 
+# ---- route ------------------------------------------------------------------
+
+def _route_args(p: argparse.ArgumentParser) -> None:
+    from hybridkv.serving.router.server import add_route_arguments
+
+    add_route_arguments(p)
+
+
+def _run_route(args: argparse.Namespace) -> int:
+    from hybridkv.serving.router.server import run_router
+
+    return run_router(args)
+
+
 @dataclass(frozen=True)
 class Command:
     help: str
@@ -165,6 +191,8 @@ COMMANDS: dict[str, Command] = {
     "demo": Command("run the presets over three workloads, write plots", _demo_args, _run_demo),
     "simulate": Command("capacity planning: replay a trace through the manager",
                         _simulate_args, _run_simulate),
+    "route": Command("route OpenAI requests across hybridkv serve instances by what their "
+                     "KV caches can reuse", _route_args, _run_route),
     "bench": Command("run a benchmark script of a source checkout", _bench_args, _run_bench,
                      "Runs benchmarks/NAME's script; results go to --out DIR, never over "
                      "the committed figures in benchmarks/results unless asked."),

@@ -1,0 +1,244 @@
+"""`hybridkv route`: the OpenAI endpoints of its backends, each request sent to one.
+
+A completion or chat request is turned into prompt token ids (a token-id
+prompt as it is; text and chat messages through a backend's `POST /tokenize`,
+so the router hashes exactly what the backend will), routed by the policy
+(`Router.route`, salted by the request's `cache_salt`), and forwarded with
+its headers. Streams pass through as they come. The response carries
+`x-hybridkv-backend: <instance id>`. `POST /route/explain` takes the same
+body and answers what the policy would decide, sending nothing (per backend:
+reusable tokens, cached full-attention chain, health and load).
+
+A backend that cannot be reached, or answers 502/503/504, before the
+response has started is taken out of rotation and the request is sent to
+another one; a non-streamed request is also retried when its backend fails
+while computing it (nothing has reached the client yet). Only a stream that
+already sent data ends with an error event when its backend dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from hybridkv.serving.router.backends import Backends
+from hybridkv.serving.router.event_stream import EventStreams
+from hybridkv.serving.router.metrics import RouterMetrics
+from hybridkv.serving.router.routing import Decision, NoBackendError, Router
+
+logger = logging.getLogger("hybridkv.router")
+RETRY_STATUSES = (502, 503, 504)
+HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
+
+
+def error(status: int, message: str, param: str | None = None, code: str | None = None):
+    kind = "invalid_request_error" if status < 500 else "service_unavailable"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
+                                   "code": code}}, status_code=status)
+
+
+class _Failed(Exception):
+    """The backend failed before the response reached the client: try another."""
+
+
+class RouterApp:
+    """State of one router process: policy, backends, event streams, metrics."""
+
+    def __init__(self, router: Router, backend_urls: list[str], events_url: str | None, *,
+                 check_interval: float = 1.0, request_timeout: float = 600.0) -> None:
+        self.router = router
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=2.0),
+                                        limits=httpx.Limits(max_connections=1000))
+        self.metrics = RouterMetrics(router)
+        self.streams = EventStreams(events_url, router) if events_url else None
+        self.backends = Backends(backend_urls, router, self.client, interval=check_interval,
+                                 on_layout=self._joined)
+        self.metrics.backends = self.backends
+
+    def _joined(self, backend) -> None:
+        if self.streams is not None:
+            self.streams.follow(backend.instance_id)
+
+    # ---- turning a request into token ids ----------------------------------------
+
+    async def prompt_tokens(self, path: str, body: dict[str, Any],
+                            headers: dict[str, str]) -> list[int]:
+        """Token ids the backend will see (the first prompt of a batch)."""
+        if path.endswith("/chat/completions"):
+            return await self._tokenize({"messages": body.get("messages")}, body, headers)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
+            prompt = prompt[0]  # a batch goes to one backend, routed by its first prompt
+        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            return prompt
+        return await self._tokenize({"prompt": prompt}, body, headers)
+
+    async def _tokenize(self, query: dict[str, Any], body: dict[str, Any],
+                        headers: dict[str, str]) -> list[int]:
+        """Through a healthy backend; [] when none can (the request is routed by load)."""
+        if body.get("model") is not None:
+            query["model"] = body["model"]
+        for backend in self.backends.healthy():
+            try:
+                reply = await self.client.post(f"{backend.url}/tokenize", json=query,
+                                               headers=headers, timeout=10.0)
+            except httpx.HTTPError:
+                continue
+            if reply.status_code == 200:
+                return list(reply.json().get("tokens") or [])
+            return []  # the backend refuses the input: it will say why to the client
+        return []
+
+    # ---- forwarding --------------------------------------------------------------
+
+    async def forward(self, request: Request, path: str) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return error(400, "the request body is not JSON", "body")
+        if not isinstance(body, dict):
+            return error(400, "the request body must be a JSON object", "body")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        tokens = await self.prompt_tokens(path, body, headers)
+        salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
+        tried: set[str] = set()
+        while True:
+            try:
+                decision = self._route(tokens, salt, body.get("model"), tried)
+            except NoBackendError as err:
+                return error(503, str(err), code="no_backend")
+            tried.add(decision.instance_id)
+            try:
+                return await self._send(decision, path, raw, headers, bool(body.get("stream")))
+            except _Failed as err:
+                self.router.finished(decision)
+                self.metrics.retries.inc()
+                self.backends.mark_down(self.backends.by_instance(decision.instance_id),
+                                        str(err))
+
+    def _route(self, tokens: list[int], salt: str | None, model: object,
+               tried: set[str]) -> Decision:
+        model = model if isinstance(model, str) else None
+        if tokens:
+            decision = self.router.route(tokens, cache_salt=salt, model=model, exclude=tried)
+        else:  # no token ids (the backends could not tokenize): by load
+            decision = self.router.route([0], model=model, exclude=tried)
+        self.metrics.routed(decision)
+        return decision
+
+    async def _send(self, decision: Decision, path: str, raw: bytes, headers: dict[str, str],
+                    stream: bool) -> Response:
+        url = self.backends.by_instance(decision.instance_id).url + path
+        upstream = self.client.build_request("POST", url, content=raw, headers=headers)
+        try:
+            reply = await self.client.send(upstream, stream=True)
+        except httpx.HTTPError as err:
+            raise _Failed(f"{type(err).__name__}: {err}") from None
+        if reply.status_code in RETRY_STATUSES:
+            await reply.aclose()
+            raise _Failed(f"answered {reply.status_code}")
+        out_headers = {k: v for k, v in reply.headers.items()
+                       if k.lower() not in HOP_HEADERS | {"content-encoding"}}
+        out_headers["x-hybridkv-backend"] = decision.instance_id
+        if stream and reply.status_code == 200:
+            return StreamingResponse(self._relay(decision, reply), status_code=200,
+                                     headers=out_headers)
+        try:
+            content = await reply.aread()
+        except httpx.HTTPError as err:
+            raise _Failed(f"{type(err).__name__}: {err}") from None
+        finally:
+            await reply.aclose()
+        self.router.finished(decision)
+        self.metrics.answered(decision, reply.status_code)
+        return Response(content, status_code=reply.status_code, headers=out_headers)
+
+    async def _relay(self, decision: Decision, reply: httpx.Response) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in reply.aiter_raw():
+                self.router.first_token(decision)
+                yield chunk
+        except httpx.HTTPError as err:
+            logger.warning("backend %s failed mid-stream: %s", decision.instance_id, err)
+            self.backends.mark_down(self.backends.by_instance(decision.instance_id), str(err))
+            message = {"error": {"message": f"backend {decision.instance_id} failed "
+                                 "mid-stream", "type": "service_unavailable", "param": None,
+                                 "code": "backend_failed"}}
+            yield f"data: {json.dumps(message)}\n\n".encode()
+        finally:
+            await reply.aclose()
+            self.router.finished(decision)
+            self.metrics.answered(decision, reply.status_code)
+
+
+def build_app(state: RouterApp) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await state.backends.check_all()
+        checker = asyncio.create_task(state.backends.run())
+        yield
+        checker.cancel()
+        if state.streams is not None:
+            await state.streams.close()
+        await state.client.aclose()
+
+    app = FastAPI(title="hybridkv router", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.backends.healthy():
+            return Response(status_code=200)
+        return error(503, "no healthy backend", code="no_backend")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        seen: dict[str, Any] = {}
+        for backend in state.backends.healthy():
+            if backend.model and backend.model not in seen:
+                seen[backend.model] = {"id": backend.model, "object": "model",
+                                       "owned_by": "hybridkv"}
+        return JSONResponse({"object": "list", "data": list(seen.values())})
+
+    @app.post("/route/explain")
+    async def explain(request: Request) -> Response:
+        """What the policy would decide for a completion or chat body, sending
+        nothing: the backend and, per backend, reusable tokens, chain and load."""
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return error(400, "the request body is not JSON", "body")
+        if not isinstance(body, dict):
+            return error(400, "the request body must be a JSON object", "body")
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        tokens = await state.prompt_tokens(path, body, headers)
+        if not tokens:
+            return error(400, "the prompt could not be turned into token ids", "prompt")
+        salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        return JSONResponse(state.router.explain(tokens, cache_salt=salt, model=model))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await state.forward(request, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await state.forward(request, "/v1/chat/completions")
+
+    return app

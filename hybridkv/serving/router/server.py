@@ -1,0 +1,52 @@
+"""`hybridkv route --backend URL ...`: the options and uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from hybridkv.serving.router.policy import DEFAULT_BALANCE, DEFAULT_POLICY, POLICIES
+
+
+def add_route_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", action="append", required=True, metavar="URL",
+                   help="a `hybridkv serve` instance (repeat for each)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES)
+    p.add_argument("--balance", type=float, default=DEFAULT_BALANCE,
+                   help="hybrid-prefix: weight of a queued prompt token against a reusable "
+                        "one (0: cache only; large: least-loaded)")
+    p.add_argument("--events", default=None, metavar="URL",
+                   help="the Redis the backends publish block events to (redis://host:port/db)")
+    p.add_argument("--check-interval", type=float, default=1.0,
+                   help="seconds between health checks of each backend")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+
+
+def run_router(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM / SIGINT. ValueError for bad options."""
+    from hybridkv.serving.router.policy import check_balance
+
+    check_balance(args.balance)
+    if args.events is not None and not args.events.startswith(("redis://", "rediss://",
+                                                                "unix://")):
+        raise ValueError(f"--events {args.events!r} is not a Redis URL (redis://host:port/db)")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    for url in args.backend:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--backend {url!r} is not an http(s) URL")
+    import uvicorn
+
+    from hybridkv.serving.router.app import RouterApp, build_app
+    from hybridkv.serving.router.routing import Router
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    state = RouterApp(Router(args.policy, args.balance), args.backend, args.events,
+                      check_interval=args.check_interval)
+    uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level,
+                access_log=False)
+    return 0

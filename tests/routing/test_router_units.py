@@ -1,0 +1,151 @@
+"""The router without HTTP: layouts from JSON, bookkeeping, policies, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridkv.kv_cache.events import AllBlocksCleared, BlockRemoved, BlockStored
+from hybridkv.kv_cache.hashing import compute_block_hashes
+from hybridkv.kv_cache.specs import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+from hybridkv.serving.router import CacheLayout, PrefixIndex
+from hybridkv.serving.router.backends import load_from_metrics
+from hybridkv.serving.router.policy import check_balance, check_policy
+from hybridkv.serving.router.routing import NoBackendError, Router
+
+LAYOUT = CacheLayout((FullAttentionSpec(4), SlidingWindowSpec(4, sliding_window=5)))
+
+
+def stored(hashes, groups=(0, 1), start=0, end=None):
+    return [BlockStored(h, g, -1) for h in hashes[start:end] for g in groups]
+
+
+def test_layout_json_both_spellings_and_round_trip():
+    serve_style = {"hash_algo": "xxhash", "groups": [
+        {"group_id": 0, "type": "sliding_window", "block_size": 16, "sliding_window": 32,
+         "num_sink_tokens": 0, "num_layers": 3},
+        {"group_id": 1, "type": "full_attention", "block_size": 16, "num_layers": 1},
+        {"type": "chunked_local_attention", "block_size": 16, "attention_chunk_size": 64},
+        {"type": "sink_full_attention", "block_size": 16, "sink_len": 16},
+        {"type": "mamba", "block_size": 16, "checkpoint_interval": 1}]}
+    layout = CacheLayout.from_json(serve_style)
+    assert layout.hash_algo == "xxhash" and len(layout.specs) == 5
+    assert CacheLayout.from_json(layout.to_json()).key == layout.key
+    classes, group_class = layout.reuse_classes()
+    assert [c.kind for c in classes] == ["window", "chain", "chunk", "state"]
+    assert group_class == [0, 1, 2, 1, 3]  # full and sink full share the chain rule
+
+
+@pytest.mark.parametrize("body, named", [
+    ({"groups": []}, "groups"),
+    ({"groups": [{"type": "linear", "block_size": 16}]}, "unknown type 'linear'"),
+    ({"groups": [{"type": "full"}]}, "groups[0]"),
+    ({"groups": [{"type": "sliding_window", "block_size": 16}]}, "sliding_window"),
+    ({"groups": [{"type": "full", "block_size": 16}], "hash_algo": "md5"}, "md5"),
+    ([], "JSON object"),
+])
+def test_bad_layouts_name_the_field(body, named):
+    with pytest.raises(ValueError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        CacheLayout.from_json(body)
+
+
+def test_index_events_slots_and_clears():
+    index = PrefixIndex(LAYOUT, width=1)  # one bit per field: the second instance widens it
+    prompt = list(range(3, 20))  # 17 tokens: 4 blocks, a hit of at most 16
+    hashes = compute_block_hashes(prompt, 4)
+    index.add_instance("a")
+    index.add_instance("b")
+    index.apply_events("a", stored(hashes))
+    index.apply_events("b", stored(hashes, groups=(0,)) + stored(hashes, (1,), 0, 2))
+    reuse = index.lookup(hashes, len(prompt) - 1)
+    # b: full chain of 16 but window blocks only 0-1: the window (1 block) allows 8
+    assert (reuse.tokens(index.bit_of["a"]), reuse.tokens(index.bit_of["b"])) == (16, 8)
+    assert index.chain_lookup(hashes, 16).tokens(index.bit_of["b"]) == 16
+    index.apply_events("a", [BlockRemoved(hashes[1], 0, -1)])
+    assert index.lookup(hashes, 16).tokens(index.bit_of["a"]) == 4  # the chain stops at 1
+    index.apply_events("a", [BlockRemoved(b"unknown", 0, -1)])
+    assert index.num_unknown_removals == 1
+    index.apply_events("a", [AllBlocksCleared()])
+    assert index.num_cached_blocks("a") == 0 and index.lookup(hashes, 16).tokens(0) == 0
+    index.remove_instance("a")
+    assert index.add_instance("c") == 0  # the free slot is reused, with nothing cached
+    assert index.lookup(hashes, 16).tokens(0) == 0
+    with pytest.raises(ValueError, match="group 5"):
+        index.apply_events("b", [BlockStored(hashes[0], 5, -1)])
+    with pytest.raises(KeyError, match="nope"):
+        index.apply_events("nope", [])
+
+
+def test_route_prefers_reuse_then_load_and_keeps_loads():
+    router = Router("hybrid-prefix", balance=1.0)
+    for name in ("a", "b"):
+        router.add_backend(name, LAYOUT, "m")
+    prompt = list(range(3, 43))  # 40 tokens
+    hashes = compute_block_hashes(prompt, 4)
+    router.apply_events("b", stored(hashes))
+    first = router.route(prompt, model="m")
+    assert (first.instance_id, first.cached_tokens, first.pending_tokens) == ("b", 36, 4)
+    assert router.loads["b"].pending_tokens == 4 and router.loads["b"].in_flight == 1
+    router.first_token(first)
+    router.finished(first)
+    router.finished(first)  # idempotent
+    assert (router.loads["b"].pending_tokens, router.loads["b"].in_flight) == (0, 0)
+    router.loads["b"].pending_tokens = 100  # b busy: 40 - 36 + 100 > 40 + 0 on a
+    assert router.route(prompt).instance_id == "a"
+    explained = router.explain(prompt)
+    assert explained["backends"]["b"]["reusable_tokens"] == 36
+    assert explained["backends"]["b"]["pending_tokens"] == 100
+
+
+def test_prefix_ignores_windows_and_health_leaves_rotation():
+    router = Router("prefix")
+    for name in ("a", "b"):
+        router.add_backend(name, LAYOUT)
+    prompt = list(range(3, 43))
+    hashes = compute_block_hashes(prompt, 4)
+    router.apply_events("a", stored(hashes, (0,)))  # chain only, no window
+    router.apply_events("b", stored(hashes, (0, 1), 0, 5))  # 20 tokens with windows
+    assert router.route(prompt).instance_id == "a"
+    router.set_healthy("a", False)
+    assert router.route(prompt).instance_id == "b"
+    router.set_healthy("b", False)
+    with pytest.raises(NoBackendError):
+        router.route(prompt)
+    with pytest.raises(ValueError, match="token_ids"):
+        router.route([])
+
+
+def test_round_robin_and_ties_take_turns():
+    for policy in ("round-robin", "hybrid-prefix", "least-loaded"):
+        router = Router(policy)
+        for name in "abc":
+            router.add_backend(name, LAYOUT)
+        picks = []
+        for _ in range(6):
+            decision = router.route([1, 2, 3])
+            picks.append(decision.instance_id)
+            router.finished(decision)
+        assert sorted(picks) == sorted("abcabc"), (policy, picks)
+
+
+def test_bad_policy_balance_and_metrics_text():
+    with pytest.raises(ValueError, match="fastest"):
+        check_policy("fastest")
+    for bad in (-1, "x", True, float("nan")):
+        with pytest.raises(ValueError, match="balance"):
+            check_balance(bad)
+    text = ("# TYPE vllm:num_requests_waiting gauge\n"
+            'vllm:num_requests_waiting{model_name="m"} 3.0\n'
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{model_name="m"} 2.0\n')
+    assert load_from_metrics(text) == (3, 2)
+    assert load_from_metrics("") == (0, 0)
+
+
+def test_other_layouts_do_not_mix():
+    router = Router()
+    router.add_backend("a", LAYOUT, "m1")
+    router.add_backend("b", CacheLayout((FullAttentionSpec(4), MambaSpec(4))), "m2")
+    assert len(router.indexes) == 2
+    assert router.route([1, 2, 3, 4, 5], model="m2").instance_id == "b"
+    router.add_backend("a", CacheLayout((FullAttentionSpec(4),)), "m1")  # a new layout
+    assert router.backends["a"].index.layout.specs == (FullAttentionSpec(4),)
