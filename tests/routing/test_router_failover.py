@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("hybridkv.serving.server", reason="needs `hybridkv serve` in this build")
 import httpx  # noqa: E402
-from http_helpers import route, serve, wait_until  # noqa: E402
+from http_helpers import route, start_backend, wait_until  # noqa: E402
 
 MODEL = "gemma3-tiny"
 
@@ -24,11 +24,11 @@ def logs(tmp_path_factory):
 
 
 def test_killed_backend_loses_no_accepted_request(redis_server, logs):
-    backends = [serve(MODEL, name, redis_server, logs, wait=False) for name in "XYZ"]
+    backends = [start_backend(MODEL, name, redis_server, logs, wait=False) for name in "XYZ"]
     router = None
     try:
-        for backend in backends:
-            backend.wait_healthy()
+        for proc in backends:
+            proc.wait_healthy()
         router = route(backends, redis_server, logs, "hybrid-prefix")
         rng = random.Random(0)
         prompts = [[rng.randrange(3, 250) for _ in range(rng.randint(20, 90))]
@@ -68,7 +68,7 @@ def test_killed_backend_loses_no_accepted_request(redis_server, logs):
         reply = router.client().completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=2)
         assert reply.choices[0].finish_reason is not None  # served by Y or Z
 
-        revived = serve(MODEL, "X", redis_server, logs, port=victim.port)
+        revived = start_backend(MODEL, "X", redis_server, logs, port=victim.port)
         backends[0] = revived
         wait_until(lambda: router.metrics()["hybridkv_router_backend_healthy{backend=X}"] == 1,
                    what="X back in rotation")
@@ -76,5 +76,5 @@ def test_killed_backend_loses_no_accepted_request(redis_server, logs):
     finally:
         if router is not None:
             router.stop()
-        for backend in backends:
-            backend.stop()
+        for proc in backends:
+            proc.stop()
