@@ -27,6 +27,7 @@ from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
 from hybridkv.serving.router.layout import CacheLayout
+from hybridkv.serving.router.policy import DEFAULT_BALANCE
 from hybridkv.serving.router.routing import Decision, Router
 from hybridkv.tools.cluster_workload import Arrival, ClusterWorkload
 
@@ -164,7 +165,7 @@ class ClusterSim:
 
     def __init__(self, config_name: str, workload: ClusterWorkload, policy: str, *,
                  shape: InstanceShape | None = None, cost: CostModel | None = None,
-                 balance: float = 1.0, num_instances: int | None = None,
+                 balance: float = DEFAULT_BALANCE, num_instances: int | None = None,
                  scale: int = 1, seed: int = 0) -> None:
         if config_name not in CONFIGS:
             raise ValueError(f"cluster config {config_name!r} is unknown; use one of "

@@ -16,13 +16,15 @@ tokens it could reuse, the full-attention chain it caches, and its load:
   request term moves sessions and popular documents off instances that
   decode for many requests (pending tokens see only prefills) without
   moving anything between lightly loaded ones, where a move would only
-  recompute a prefix. `balance` is the one knob (default 0.5: a queued token
-  costs half a recomputed one, since a prefix computed twice also takes pool
-  space from other prefixes); 0 routes by cache alone, large values
-  approach least-loaded. REQUEST_TOKENS (128) is fixed: chosen on the
-  cluster simulation (benchmarks/RESULTS.md, "Routing across a simulated
-  cluster") among 64-256 and against a term on all requests, not only the
-  excess.
+  recompute a prefix. `balance` is the one knob (default 0.4: a queued token
+  costs 0.4 of a recomputed one, since a prefix computed twice also takes
+  pool space from other prefixes); 0 routes by cache alone, large values
+  approach least-loaded. REQUEST_TOKENS (288, so a request beyond the
+  average weighs 115 tokens at the default balance) is a constant. Both
+  were chosen on the cluster simulation (benchmarks/RESULTS.md, "Routing
+  across a simulated cluster"): balance 0.35-0.5 and 64-384 tokens were
+  tried, and a term on every request in hand instead of the excess, which
+  cost hit rate where every instance is busy.
 - `prefix`: the longest cached full-attention chain (what routers that match
   one hash chain see), ties to the least loaded; no other load term.
 - `prefix-balanced`: as `hybrid-prefix` but crediting the full-attention
@@ -44,11 +46,11 @@ from dataclasses import dataclass
 
 POLICIES = ("hybrid-prefix", "prefix", "prefix-balanced", "least-loaded", "round-robin")
 DEFAULT_POLICY = "hybrid-prefix"
-DEFAULT_BALANCE = 0.5
+DEFAULT_BALANCE = 0.4
 # weight of a request in flight in a cost: breaks ties between equal token costs
 TIE = 1e-6
 # prompt tokens a request in hand beyond the average counts as (`hybrid-prefix`)
-REQUEST_TOKENS = 128
+REQUEST_TOKENS = 288
 # the average the excess is taken over is refreshed once it moved this much
 MEAN_SLACK = 0.5
 
