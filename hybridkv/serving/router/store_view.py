@@ -11,10 +11,14 @@ request asks the store which of the prompt's blocks it holds:
 
     key = <prefix>:  b"hkv1" | fingerprint (16 B) | group id (u16 BE) | block hash
 
-(`hybridkv.store.keys.KeySpace`; the block hash is the salted chain hash, so
-a request only ever matches blocks stored under its own `cache_salt`). One
-round trip per request and fingerprint: a server-side script runs EXISTS on
-every key and answers one string of 0/1, so no payload is read. The answer,
+(`hybridkv.store.keys`; the block hash is the salted chain hash, so a
+request only ever matches blocks stored under its own `cache_salt`). One
+round trip per request and fingerprint: a server-side script gets the keys'
+common prefix and their (group id, hash) tails packed in one argument, runs
+EXISTS on every key and answers one string of 0/1, so no payload is read and
+the client encodes two arguments instead of a thousand keys. (The script
+names its keys itself, so the store must be one Redis server, not a cluster,
+as for the backends' own multi-key reads.) The answer,
 per index, maps a hash to packed bits (`PrefixIndex.lookup(..., extra=)`):
 a bound slot's bit is set in a class's field when every group of the class
 has the block in the store or in that backend's pool (as the backend's tier
@@ -28,22 +32,26 @@ backends' pools alone.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from hybridkv.serving.router.index import PrefixIndex
 from hybridkv.serving.router.routing import PromptHashes, Router
-from hybridkv.store.keys import FINGERPRINT_BYTES, KeySpace
+from hybridkv.store.keys import FINGERPRINT_BYTES, KEY_PREFIX
 from hybridkv.store.url import parse_store_url
 
 logger = logging.getLogger("hybridkv.router")
 
-# EXISTS on every key, answered as one string of "0"/"1" (one reply to parse)
+# EXISTS on ARGV[1] .. every ARGV[3]-byte record of ARGV[2], answered as one
+# string of "0"/"1" (two arguments to encode, one reply to parse)
 EXISTS_SCRIPT = """
+local prefix, tails, size = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local out = {}
-for i, key in ipairs(KEYS) do
-  out[i] = redis.call('EXISTS', key) == 1 and '1' or '0'
+for i = 1, #tails, size do
+  local key = prefix .. string.sub(tails, i, i + size - 1)
+  out[#out + 1] = redis.call('EXISTS', key) == 1 and '1' or '0'
 end
 return table.concat(out)
 """
@@ -112,11 +120,13 @@ class StoreView:
         try:
             for (index, fingerprint), slots in targets.items():
                 hashes = prompt.get(index)
-                keys, spots = self._keys(index, fingerprint, hashes, len(prompt.token_ids) - 1)
-                if not keys:
+                tails, spots = self._tails(index, hashes, len(prompt.token_ids) - 1)
+                if not spots:
                     continue
                 self.num_queries += 1
-                reply = await self._exists(keys=keys)
+                reply = await self._exists(
+                    args=[self._key_prefix + KEY_PREFIX + fingerprint, tails,
+                          len(tails) // len(spots)])
                 extra = out.setdefault(index, {})
                 _merge(extra, index, hashes, spots, reply, slots)
         except (redis.RedisError, OSError) as err:
@@ -135,25 +145,25 @@ class StoreView:
             out.setdefault((backend.index, fingerprint), []).append((instance_id, backend.bit))
         return out
 
-    def _keys(self, index: PrefixIndex, fingerprint: bytes, hashes: list[bytes],
-              max_tokens: int) -> tuple[list[bytes], list[tuple[int, int]]]:
-        """The store keys of every group's blocks up to the longest possible hit,
-        and per key (group, hash position)."""
+    def _tails(self, index: PrefixIndex, hashes: list[bytes],
+               max_tokens: int) -> tuple[bytes, list[tuple[int, int]]]:
+        """Every group's blocks up to the longest possible hit: their key tails
+        (group id, u16 big-endian, then the block hash) packed into one
+        string, and per tail (group, hash position)."""
         layout = index.layout
         step = layout.alignment // index.hash_block_size
         top = min(max_tokens // layout.alignment * step, len(hashes) // step * step)
-        space = KeySpace(fingerprint, len(layout.specs))
         strides = [spec.block_size // index.hash_block_size for spec in layout.specs]
         per_block = sum(1 / s for s in strides)
         top = min(top, int(MAX_KEYS / per_block) // step * step)
-        keys: list[bytes] = []
+        parts: list[bytes] = []
         spots: list[tuple[int, int]] = []
-        prefix = self._key_prefix
         for g, stride in enumerate(strides):
             positions = range(stride - 1, top, stride)
-            keys += [prefix + k for k in space.keys(g, [hashes[j] for j in positions])]
+            group = struct.pack(">H", g)
+            parts += [group + hashes[j] for j in positions]
             spots += [(g, j) for j in positions]
-        return keys, spots
+        return b"".join(parts), spots
 
     def _failed(self, err: BaseException) -> None:
         self.num_errors += 1
