@@ -14,7 +14,11 @@ prompt length.
 
 The driver sees the manager through `ManagerAdapter` (the public
 `KVCacheManager` API only) and times only those calls, so requests/s is the
-manager's cost plus a fixed driver overhead.
+manager's cost plus a fixed driver overhead. An adapter for another manager
+may add two hooks its scheduler needs: `new_step()`, called (and timed) at
+the start of every step, and `clip_chunk(handle, n)`, the number of the next
+`n` tokens the manager lets one step compute (0: none this step; a running
+request then waits, an admission ends the step's admissions).
 
     >>> from hybridkv.tools.bench_traces import shared_prefix_trace
     >>> trace = shared_prefix_trace(num_requests=8, prefix_len=64, unique_len=16,
@@ -41,7 +45,7 @@ BLOCK_SIZE = 16
 WINDOW = 1024
 CONFIG_GROUPS = {"full": 1, "swa": 2, "mamba": 2}
 TIMED_CALLS = ("start", "lookup", "allocate_prefill", "append", "allocate_decode", "free",
-               "preempt")
+               "preempt", "new_step")
 
 
 def make_config(kind: str, num_blocks: int, window: int = WINDOW,
@@ -112,6 +116,7 @@ class ReplayResult:
     min_free_blocks: int = -1
     call_ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIMED_CALLS, 0))
     calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIMED_CALLS, 0))
+    request_hits: dict[str, int] = field(default_factory=dict)  # cached tokens at admission
 
     @property
     def hit_rate(self) -> float:
@@ -168,6 +173,8 @@ class _Driver:
         self.running: list[_Slot] = []
         self.finished_ids: set[str] = set()
         self.res = ReplayResult()
+        self.new_step = getattr(adapter, "new_step", None)
+        self.clip_chunk = getattr(adapter, "clip_chunk", None)
 
     def call(self, name: str, fn, *args):
         t0 = time.perf_counter_ns()
@@ -178,6 +185,8 @@ class _Driver:
 
     def step(self) -> None:
         self.res.steps += 1
+        if self.new_step is not None:
+            self.call("new_step", self.new_step)
         budget = self.max_batched_tokens
         budget, preempted = self._serve_running(budget)
         if not preempted:
@@ -196,6 +205,9 @@ class _Driver:
         while i < len(self.running) and budget > 0:
             slot = self.running[i]
             n = self._schedule(slot, budget)
+            if n is None:  # the manager allows no tokens this step
+                i += 1
+                continue
             if n > 0:
                 budget -= n
                 i += 1
@@ -205,8 +217,9 @@ class _Driver:
                 continue  # slot itself left; the next one moved to index i
         return budget, preempted
 
-    def _schedule(self, slot: _Slot, budget: int) -> int:
-        """Allocate the slot's next tokens; how many, or 0 when they did not fit.
+    def _schedule(self, slot: _Slot, budget: int) -> int | None:
+        """Allocate the slot's next tokens; how many, 0 when they did not fit, None
+        when `clip_chunk` allowed none.
 
         A decode step first appends the token the previous step sampled; when
         its slot did not fit, the retry allocates only that token.
@@ -216,6 +229,10 @@ class _Driver:
                       slot.tr.decode_token_ids[slot.appended])
             slot.appended += 1
         n = min(slot.known - slot.computed, budget)
+        if self.clip_chunk is not None:
+            n = self.clip_chunk(slot.handle, n)
+            if n == 0:
+                return None
         decode = slot.appended > 0 and 0 < slot.computed == slot.known - 1
         name = "allocate_decode" if decode else "allocate_prefill"
         if not self.call(name, self.adapter.allocate, slot.handle, n):
@@ -240,6 +257,10 @@ class _Driver:
                 slot.handle = self.call("start", self.adapter.start, slot.tr)
             hit = self.call("lookup", self.adapter.lookup, slot.handle)
             n = min(slot.known - hit, budget)
+            if self.clip_chunk is not None:
+                n = self.clip_chunk(slot.handle, n)
+                if n == 0:
+                    return
             if not self.call("allocate_prefill", self.adapter.allocate, slot.handle, n):
                 self.res.failed_admissions += 1
                 return
@@ -248,6 +269,7 @@ class _Driver:
                 slot.counted = True
                 self.res.prompt_tokens += len(slot.tr.prompt_token_ids)
                 self.res.hit_tokens += hit
+                self.res.request_hits[slot.tr.request_id] = hit
             slot.computed = hit + n
             budget -= n
             self.running.append(slot)
