@@ -13,8 +13,9 @@ Every run is a fresh process (`vs_vllm_worker.py`): hybridkv under this
 Python, vLLM under `--vllm-python`, a separate environment with vLLM 0.32.0
 and a CPU torch (vLLM's compiled kernels are not needed by the manager). The
 two sides alternate, and which goes first swaps every round. Reported per
-config: median requests/s and range of each side, the ratio of the medians
-and the median of the per-round ratios, the hit rates (each request's cached
+config: median requests/s and range of each side, over wall time and over
+the worker's CPU time (steadier when other jobs share the cores), the ratio
+of the medians and the median of the per-round ratios, the hit rates (each request's cached
 tokens compared side by side), leaked blocks, and the load average around
 the runs. Writes DIR/vs_vllm.json and DIR/vs_vllm.md.
 
@@ -105,20 +106,25 @@ def run_worker(python: str, side: str, config: str, trace_path: str, fingerprint
     return result
 
 
+def spread(values: list[float]) -> dict:
+    """Median, range and (max - min) / median of some runs' figures."""
+    mid = statistics.median(values)
+    return {"runs": values, "median": mid, "min": min(values), "max": max(values),
+            "spread": round((max(values) - min(values)) / mid, 3)}
+
+
 def side_summary(runs: list[dict]) -> dict:
-    """Median and range of requests/s, per-call medians, hits and leaks of one side."""
-    rps = [r["requests_per_s"] for r in runs]
+    """requests/s (wall and CPU time), per-call medians, hits and leaks of one side."""
     hit_rates = sorted({r["hit_rate"] for r in runs})
-    return {"requests_per_s": rps, "median": statistics.median(rps),
-            "min": min(rps), "max": max(rps),
-            "spread": round((max(rps) - min(rps)) / statistics.median(rps), 3),
+    return {"requests_per_s": spread([r["requests_per_s"] for r in runs]),
+            "requests_per_cpu_s": spread([r["requests_per_cpu_s"] for r in runs]),
             "hit_rate": hit_rates[0] if len(hit_rates) == 1 else hit_rates,
             "leaked_blocks": max(r["leaked_blocks"] for r in runs),
             "steps": sorted({r["steps"] for r in runs}),
             "preemptions": sorted({r["preemptions"] for r in runs}),
             **{f"{call}_mean_us": round(statistics.median(r[f"{call}_mean_us"] for r in runs), 1)
-               for call in ("lookup", "allocate_prefill", "allocate_decode", "append", "free",
-                            "new_step")}}
+               for call in ("start", "lookup", "allocate_prefill", "allocate_decode", "append",
+                            "free", "new_step")}}
 
 
 def hit_differences(ours: dict, theirs: dict, request_ids: list[str]) -> list[dict]:
@@ -128,17 +134,21 @@ def hit_differences(ours: dict, theirs: dict, request_ids: list[str]) -> list[di
             if a != b]
 
 
+def ratios(runs: dict[str, list[dict]], ours: dict, theirs: dict, key: str) -> dict:
+    """hybridkv / vLLM on `key`: of the medians, and per round (the two runs side by side)."""
+    paired = [round(a[key] / b[key], 2) for a, b in zip(runs["hybridkv"], runs["vllm"])]
+    return {"of_medians": round(ours[key]["median"] / theirs[key]["median"], 2),
+            "per_round": paired, "per_round_median": statistics.median(paired)}
+
+
 def config_summary(runs: dict[str, list[dict]], request_ids: list[str]) -> dict:
     ours, theirs = side_summary(runs["hybridkv"]), side_summary(runs["vllm"])
-    paired = [a["requests_per_s"] / b["requests_per_s"]
-              for a, b in zip(runs["hybridkv"], runs["vllm"])]
     diffs = hit_differences(runs["hybridkv"][0], runs["vllm"][0], request_ids)
     deterministic = all(r["request_hits"] == runs[s][0]["request_hits"]
                         for s in runs for r in runs[s])
     return {"hybridkv": ours, "vllm": theirs,
-            "ratio_of_medians": round(ours["median"] / theirs["median"], 2),
-            "paired_ratios": [round(x, 2) for x in paired],
-            "paired_ratio_median": round(statistics.median(paired), 2),
+            "ratio": ratios(runs, ours, theirs, "requests_per_s"),
+            "cpu_ratio": ratios(runs, ours, theirs, "requests_per_cpu_s"),
             "hits_agree": not diffs, "hit_differences": diffs[:20],
             "num_hit_differences": len(diffs), "hits_same_every_run": deterministic}
 
@@ -155,27 +165,38 @@ def run_sitting(args, python: str, trace_path: str, fingerprint: str) -> dict:
                 res = run_worker(exe, side, config, trace_path, fingerprint, args.warmup)
                 runs[config][side].append(res)
                 print(f"round {rnd + 1}/{args.rounds} {config:5s} {side:8s} "
-                      f"{res['requests_per_s']:8.1f} req/s  hit {res['hit_rate']:.4f}  "
+                      f"{res['requests_per_s']:8.1f} req/s  {res['requests_per_cpu_s']:8.1f} "
+                      f"per CPU s  hit {res['hit_rate']:.4f}  "
                       f"leaked {res['leaked_blocks']}  load {res['load_avg_1min']}", flush=True)
     return runs
 
 
+def _figure(stats: dict) -> str:
+    return f"{stats['median']:,.0f} ({stats['min']:,.0f}-{stats['max']:,.0f})"
+
+
+def _ratio(r: dict) -> str:
+    return (f"{r['of_medians']}x / {r['per_round_median']}x "
+            f"({min(r['per_round'])}-{max(r['per_round'])})")
+
+
 def markdown(summary: dict, meta: dict) -> str:
-    rows = ["| config | hybridkv requests/s, median (range) | vLLM requests/s, median (range) "
-            "| ratio of medians | per-round ratios | hit rate hybridkv / vLLM | leaked blocks |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| config | requests/s hybridkv | requests/s vLLM | ratio: of medians / per round "
+            "(range) | per CPU second hybridkv | vLLM | ratio | hit rate hybridkv / vLLM "
+            "| leaked blocks |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for config, s in summary.items():
         h, v = s["hybridkv"], s["vllm"]
         hits = f"{h['hit_rate']} / {v['hit_rate']}"
         if not s["hits_agree"]:
-            hits += f" ({s['num_hit_differences']} requests differ)"
-        rows.append(f"| {config} | {h['median']:,.0f} ({h['min']:,.0f}-{h['max']:,.0f}) "
-                    f"| {v['median']:,.0f} ({v['min']:,.0f}-{v['max']:,.0f}) "
-                    f"| {s['ratio_of_medians']}x | {s['paired_ratio_median']}x "
-                    f"({min(s['paired_ratios'])}-{max(s['paired_ratios'])}) | {hits} "
+            hits += f" ({s['num_hit_differences']} of the requests differ)"
+        rows.append(f"| {config} | {_figure(h['requests_per_s'])} "
+                    f"| {_figure(v['requests_per_s'])} | {_ratio(s['ratio'])} "
+                    f"| {_figure(h['requests_per_cpu_s'])} | {_figure(v['requests_per_cpu_s'])} "
+                    f"| {_ratio(s['cpu_ratio'])} | {hits} "
                     f"| {h['leaked_blocks']} / {v['leaked_blocks']} |")
     return (f"trace {meta['fingerprint']}, {meta['rounds']} rounds, vLLM {meta['vllm']}, "
-            f"load average {meta['load_min']}-{meta['load_max']}\n\n" + "\n".join(rows) + "\n")
+            f"load average {meta['load_min']}-{meta['load_max']}, {meta['minutes']} minutes\n\n"
+            + "\n".join(rows) + "\n")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -196,8 +217,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     if args.quick:
         args.num_requests, args.rounds, args.warmup = 200, 1, 16
-    prepare_out(args.out)
     vllm_version = check_vllm(args.vllm_python)
+    prepare_out(args.out)
     trace = shared_prefix_trace(num_requests=args.num_requests)
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:

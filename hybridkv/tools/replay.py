@@ -107,6 +107,7 @@ class ReplayResult:
     """What a replay measured; per-call times in nanoseconds."""
 
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time over the same span (steadier on a busy machine)
     steps: int = 0
     finished: int = 0
     preemptions: int = 0
@@ -126,11 +127,17 @@ class ReplayResult:
     def requests_per_s(self) -> float:
         return self.finished / self.wall_s if self.wall_s else 0.0
 
+    @property
+    def requests_per_cpu_s(self) -> float:
+        return self.finished / self.cpu_s if self.cpu_s else 0.0
+
     def mean_us(self, call: str) -> float:
         return self.call_ns[call] / self.calls[call] / 1e3 if self.calls[call] else 0.0
 
     def as_dict(self) -> dict:
         out = {"wall_s": round(self.wall_s, 4), "requests_per_s": round(self.requests_per_s, 1),
+               "cpu_s": round(self.cpu_s, 4),
+               "requests_per_cpu_s": round(self.requests_per_cpu_s, 1),
                "hit_rate": round(self.hit_rate, 5), "steps": self.steps,
                "finished": self.finished, "preemptions": self.preemptions,
                "failed_admissions": self.failed_admissions,
@@ -297,10 +304,12 @@ def replay(trace: Trace, adapter: ManagerAdapter, *, max_running: int = 64,
                          f"{max_running}, {max_batched_tokens}")
     driver = _Driver(trace, adapter, max_running, max_batched_tokens)
     gc.collect()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     while driver.waiting or driver.running:
         if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
             break
         driver.step()
     driver.res.wall_s = time.perf_counter() - t0
+    driver.res.cpu_s = time.process_time() - c0
     return driver.res
