@@ -15,7 +15,8 @@ and a CPU torch (vLLM's compiled kernels are not needed by the manager). The
 two sides alternate, and which goes first swaps every round. Reported per
 config: median requests/s and range of each side, over wall time and over
 the worker's CPU time (steadier when other jobs share the cores), the ratio
-of the medians and the median of the per-round ratios, the hit rates (each request's cached
+of the medians and the median of the per-round ratios (and, in the JSON, the
+ratio of the time spent inside the managers' calls alone), the hit rates (each request's cached
 tokens compared side by side), leaked blocks, and the load average around
 the runs. Writes DIR/vs_vllm.json and DIR/vs_vllm.md.
 
@@ -118,6 +119,7 @@ def side_summary(runs: list[dict]) -> dict:
     hit_rates = sorted({r["hit_rate"] for r in runs})
     return {"requests_per_s": spread([r["requests_per_s"] for r in runs]),
             "requests_per_cpu_s": spread([r["requests_per_cpu_s"] for r in runs]),
+            "manager_s": spread([r["manager_s"] for r in runs]),
             "hit_rate": hit_rates[0] if len(hit_rates) == 1 else hit_rates,
             "leaked_blocks": max(r["leaked_blocks"] for r in runs),
             "steps": sorted({r["steps"] for r in runs}),
@@ -149,6 +151,8 @@ def config_summary(runs: dict[str, list[dict]], request_ids: list[str]) -> dict:
     return {"hybridkv": ours, "vllm": theirs,
             "ratio": ratios(runs, ours, theirs, "requests_per_s"),
             "cpu_ratio": ratios(runs, ours, theirs, "requests_per_cpu_s"),
+            "manager_time_ratio": round(theirs["manager_s"]["median"]
+                                        / ours["manager_s"]["median"], 2),
             "hits_agree": not diffs, "hit_differences": diffs[:20],
             "num_hit_differences": len(diffs), "hits_same_every_run": deterministic}
 
