@@ -1,14 +1,18 @@
-"""Build of the C hashing extension; the project metadata lives in pyproject.toml.
+"""Build of the C extensions; the project metadata lives in pyproject.toml.
 
-`hybridkv.kv_cache._chainhash` (chained block hashing) needs only a C compiler
-and Python's headers: SHA-256 is written in the package (`_sha256.c`, with the
-x86 SHA extensions picked at run time) and xxHash is the vendored header-only
-library (`_vendor/xxhash.h`, BSD-2-Clause). It links no library.
+Both need only a C compiler and Python's headers and link no library:
 
-When it cannot be built (no compiler, no Python headers) the install still
+- `hybridkv.kv_cache._chainhash` (chained block hashing): SHA-256 is written
+  in the package (`_sha256.c`, with the x86 SHA extensions picked at run
+  time) and xxHash is the vendored header-only library (`_vendor/xxhash.h`,
+  BSD-2-Clause);
+- `hybridkv.kv_cache._fastpath` (the KV cache manager's hot paths, `_fp_*.c`).
+
+When one cannot be built (no compiler, no Python headers) the install still
 succeeds, prints a warning and leaves the reason in
-`hybridkv/kv_cache/_chainhash.build-error.txt`; `hybridkv.kv_cache.hashing`
-then warns once and hashes in pure Python (same digests, about 7x slower).
+`hybridkv/kv_cache/<module>.build-error.txt`; the package then warns once and
+runs the pure-Python code instead (same results, slower: hashing about 7x,
+the scheduler path several times).
 """
 
 from __future__ import annotations
@@ -23,7 +27,16 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 _BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError)
 _KV_CACHE = os.path.join("hybridkv", "kv_cache")
-BUILD_ERROR_FILE = "_chainhash.build-error.txt"
+BUILD_ERROR_SUFFIX = ".build-error.txt"  # e.g. _chainhash.build-error.txt
+
+FASTPATH = Extension(
+    "hybridkv.kv_cache._fastpath",
+    sources=[os.path.join(_KV_CACHE, name) for name in (
+        "_fp_module.c", "_fp_types.c", "_fp_request.c", "_fp_manager.c")],
+    depends=[os.path.join(_KV_CACHE, "_fastpath.h")],
+    include_dirs=[_KV_CACHE],
+    optional=True,
+)
 
 CHAINHASH = Extension(
     "hybridkv.kv_cache._chainhash",
@@ -35,12 +48,21 @@ CHAINHASH = Extension(
 )
 
 
+# extension -> (what it is, what falls back to pure Python when it is missing)
+_ROLES = {
+    CHAINHASH.name: ("C hashing extension", "block hashing falls back to pure Python (~7x slower)"),
+    FASTPATH.name: ("C fast-path extension", "the KV cache manager runs its pure-Python reference "
+                    "(several times slower)"),
+}
+
+
 def _banner(ext_name: str, reason: str) -> None:
     line = "=" * 78
-    print(f"\n{line}\nWARNING: hybridkv's C hashing extension {ext_name} was NOT built:\n"
-          f"  {reason}\nhybridkv still works, but block hashing falls back to pure Python "
-          f"(~7x slower).\nInstall a C compiler and Python's headers (Debian: apt-get install "
-          f"gcc python3-dev)\nand reinstall to get the fast path.\n{line}\n", file=sys.stderr)
+    what, fallback = _ROLES[ext_name]
+    print(f"\n{line}\nWARNING: hybridkv's {what} {ext_name} was NOT built:\n"
+          f"  {reason}\nhybridkv still works, but {fallback}.\nInstall a C compiler and "
+          f"Python's headers (Debian: apt-get install gcc python3-dev)\nand reinstall to get "
+          f"the fast path.\n{line}\n", file=sys.stderr)
 
 
 class OptionalBuildExt(build_ext):
@@ -64,7 +86,7 @@ class OptionalBuildExt(build_ext):
             if reason is not None:
                 _banner(ext.name, reason)
             for folder in self._module_folders(ext, inplace):
-                _write_marker(folder, reason)
+                _write_marker(folder, ext.name.rpartition(".")[2], reason)
 
     def build_extension(self, ext: Extension) -> None:
         try:
@@ -91,9 +113,9 @@ def _reason(err: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _write_marker(folder: str, reason: str | None) -> None:
+def _write_marker(folder: str, module: str, reason: str | None) -> None:
     """Record `reason` in `folder`, or remove a stale record when the build worked."""
-    path = os.path.join(folder, BUILD_ERROR_FILE)
+    path = os.path.join(folder, module + BUILD_ERROR_SUFFIX)
     if reason is None:
         if os.path.exists(path):
             os.remove(path)
@@ -103,4 +125,4 @@ def _write_marker(folder: str, reason: str | None) -> None:
         f.write(reason + "\n")
 
 
-setup(ext_modules=[CHAINHASH], cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=[CHAINHASH, FASTPATH], cmdclass={"build_ext": OptionalBuildExt})

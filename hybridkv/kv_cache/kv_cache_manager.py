@@ -13,13 +13,16 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from hybridkv.kv_cache import fastpath
 from hybridkv.kv_cache.block_pool import Block, BlockPool
 from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.coordinator import GroupBlocks, HybridCoordinator
 from hybridkv.kv_cache.events import EventSubscriber
 from hybridkv.kv_cache.eviction import DEFAULT_EVICTION_POLICY
 from hybridkv.kv_cache.external import BlockImport, begin_import, end_import
+from hybridkv.kv_cache.fastpath import native
 from hybridkv.kv_cache.hashing import check_hash_algo
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.managers import MambaManager, MambaStatePlan, mamba_state_plan
@@ -30,13 +33,19 @@ from hybridkv.kv_cache.request import Request
 REPEATED_MISS_WARNING = 3
 
 
-class KVCacheBlocks:
+if TYPE_CHECKING:
+    BlocksBase, ManagerBase, _Held = fastpath.BlocksCore, fastpath.ManagerCore, fastpath.Held
+elif native is not None:
+    BlocksBase, ManagerBase, _Held = native.BlocksCore, native.ManagerCore, native.Held
+else:
+    BlocksBase, ManagerBase, _Held = fastpath.BlocksCore, fastpath.ManagerCore, fastpath.Held
+
+
+class KVCacheBlocks(BlocksBase):
     """Blocks per group, as returned by `get_computed_blocks` and `allocate_slots`."""
 
-    __slots__ = ("blocks",)
-
-    def __init__(self, blocks: GroupBlocks) -> None:
-        self.blocks = blocks
+    __slots__ = ()
+    blocks: GroupBlocks
 
     def get_block_ids(self) -> tuple[list[int], ...]:
         return tuple([b.block_id for b in group] for group in self.blocks)
@@ -77,25 +86,7 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
-class _Held:
-    """A request holding blocks, as the manager tracks it.
-
-    `junction`: how far its prompt matched cached full-attention blocks at its
-    last lookup (groups rate and keep blocks by it). Fast path: up to
-    `max_tokens` tokens and `max_computed` computed tokens, an allocation
-    changes nothing in any group.
-    """
-
-    __slots__ = ("request", "junction", "max_tokens", "max_computed")
-
-    def __init__(self, request: Request, junction: int) -> None:
-        self.request = request
-        self.junction = junction
-        self.max_tokens = 0
-        self.max_computed = 0
-
-
-class KVCacheManager:
+class KVCacheManager(ManagerBase):
     """Prefix-cached KV blocks for every group of a (hybrid) model on one pool.
 
     Args:
@@ -134,6 +125,7 @@ class KVCacheManager:
         self._no_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
         self._missed_prefixes: dict[bytes, int] = {}
         self._warned = not warn_repeated_misses
+        self._bind(Request, _Held)
 
     # ---- lookups -------------------------------------------------------------
 
@@ -188,34 +180,14 @@ class KVCacheManager:
 
     # ---- allocation ----------------------------------------------------------
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       num_new_computed_tokens: int = 0,
-                       new_computed_blocks: KVCacheBlocks | None = None) -> KVCacheBlocks | None:
-        """Reserve slots for the next `num_new_tokens` tokens after the computed ones.
+    # allocate_slots: ManagerBase (the C extension's, or fastpath.ManagerCore) returns at
+    # once when nothing changes; an allocation of a request it holds goes to `_allocate`,
+    # any other call to `_allocate_checked`.
 
-        `num_new_computed_tokens`/`new_computed_blocks` adopt a hit from
-        `get_computed_blocks` (for a request that holds no blocks). Returns
-        the newly allocated blocks per group, or None, with no state change
-        at all, when the pool can't supply them now: other requests hold
-        blocks, wait for them (or preempt one).
-
-        Raises ValueError, changing nothing, for counts past the request's
-        tokens, a hit that does not match, or an allocation the pool could not
-        supply even with no other request holding blocks: waiting would never
-        help (`can_fit` tells beforehand whether a request fits at all).
-        """
-        if not num_new_computed_tokens and isinstance(request, Request):
-            held = self._held.get(request.request_id)
-            if held is not None and held.request is request and type(num_new_tokens) is int \
-                    and num_new_tokens >= 0:  # a request this manager holds: checked already
-                computed = request.num_computed_tokens
-                num_tokens = computed + num_new_tokens
-                if num_tokens <= len(request.all_token_ids):
-                    if num_tokens <= held.max_tokens and computed <= held.max_computed:
-                        return self._no_blocks  # fast path: an allocation that changes nothing
-                    if type(num_new_computed_tokens) is int:
-                        return self._allocate(held, computed, num_tokens, None,
-                                              computed > held.max_computed)
+    def _allocate_checked(self, request: Request, num_new_tokens: int,
+                          num_new_computed_tokens: int,
+                          new_computed_blocks: KVCacheBlocks | None) -> KVCacheBlocks | None:
+        """`allocate_slots` with every argument checked (see its docstring)."""
         num_tokens = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                             new_computed_blocks)
         hit = new_computed_blocks.blocks if num_new_computed_tokens else None  # type: ignore

@@ -1,0 +1,170 @@
+/* hybridkv.kv_cache._fastpath: C versions of the KV cache manager's hot paths.
+ *
+ * The extension holds no state of its own beyond what Python sees: it works
+ * on the same block records, request lists, dicts and eviction-policy
+ * objects as the pure-Python code, which stays the reference (see
+ * hybridkv/kv_cache/fastpath.py). Per-type rules (ratings, retention,
+ * protection) and the eviction policy are Python methods it calls; listeners
+ * and subscribers make it take the Python path.
+ */
+#ifndef HKV_FASTPATH_H
+#define HKV_FASTPATH_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* ---- block records (hybridkv.kv_cache.block_pool.Block) ------------------- */
+
+/* Every field is an object, as in a slotted Python class: Python reads and
+ * writes them at the same cost as before; C converts the counts it needs
+ * (small ints are cached singletons, so this costs a few ns). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *block_id;
+    PyObject *ref_cnt;
+    PyObject *block_hash;  /* None, or the bytes it caches */
+    PyObject *group_id;
+    PyObject *num_hits;
+    PyObject *value_hint;  /* a Rating */
+    PyObject *queue_slot;
+    PyObject *weakreflist;
+} BlockObject;
+
+extern PyTypeObject HKV_BlockType;
+#define BLOCK(o) ((BlockObject *)(o))
+
+/* An int field of a block as a Py_ssize_t (-1 with an error set when it is not one). */
+static inline Py_ssize_t
+hkv_field(PyObject *value)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a block field was deleted");
+        return -1;
+    }
+    return PyLong_AsSsize_t(value);
+}
+
+/* Sets an int field of a block; -1 on error. */
+static inline int
+hkv_set_field(PyObject **slot, Py_ssize_t value)
+{
+    PyObject *obj = PyLong_FromSsize_t(value);
+    if (obj == NULL)
+        return -1;
+    Py_XSETREF(*slot, obj);
+    return 0;
+}
+
+/* ---- requests (hybridkv.kv_cache.request.Request's base) ------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *request_id;
+    PyObject *all_token_ids;  /* a list */
+    PyObject *num_computed_tokens;
+    PyObject *num_prompt_tokens;
+    PyObject *hasher;
+    PyObject *weakreflist;
+} RequestObject;
+
+extern PyTypeObject HKV_RequestCoreType;
+
+/* ---- what the manager tracks per request holding blocks (_Held) ----------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *request;
+    Py_ssize_t junction;
+    Py_ssize_t max_tokens;
+    Py_ssize_t max_computed;
+} HeldObject;
+
+extern PyTypeObject HKV_HeldType;
+
+/* ---- blocks per group, as allocate_slots returns them (KVCacheBlocks) ----- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *blocks;  /* a tuple of lists */
+} BlocksObject;
+
+extern PyTypeObject HKV_BlocksCoreType;
+
+/* ---- the manager facade's base (KVCacheManager) --------------------------- */
+
+enum { KIND_OTHER = 0, KIND_FULL, KIND_SLIDING, KIND_CHUNKED, KIND_MAMBA };
+
+/* One KV cache group as the C paths see it (a view of its manager). */
+typedef struct {
+    PyObject *manager;
+    int kind;
+    int skips;           /* its blocks can be released before the request ends */
+    int rates;           /* it rates released blocks (rate_released is not a no-op) */
+    int retains;         /* it has a Retention */
+    int protects;        /* it has a Protection */
+    Py_ssize_t group_id, block_size, stride, kept_head;
+    Py_ssize_t window, window_blocks;  /* sliding window */
+    Py_ssize_t chunk;                  /* chunked local */
+    Py_ssize_t every;                  /* Mamba checkpoint interval */
+    int caching;
+    PyObject *req_to_blocks;     /* dict: request id -> list of blocks */
+    PyObject *num_cached_blocks; /* dict: request id -> int */
+    PyObject *num_skipped;       /* dict: request id -> int */
+    PyObject *table;             /* the pool's hash map of this group */
+} Group;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *held;       /* dict: request id -> Held */
+    PyObject *no_blocks;  /* KVCacheBlocks of empty lists */
+    PyObject *request_type;
+    PyObject *blocks_type;
+    PyObject *held_type;
+    /* the bound view (NULL/0 until _bind) */
+    PyObject *pool;
+    PyObject *free_queue;
+    PyObject *null_block;
+    PyObject *subscribers, *evict_listeners, *stale_listeners;
+    PyObject *group_evictions;
+    PyObject *evicted;    /* the policy's watched hashes */
+    int uses_hints;
+    int native;           /* every group is a built-in type the C paths know */
+    int caching;
+    Py_ssize_t num_groups;
+    Group *groups;
+} ManagerObject;
+
+extern PyTypeObject HKV_ManagerCoreType;
+
+/* ---- shared helpers -------------------------------------------------------- */
+
+/* interned attribute and method names */
+typedef struct {
+    PyObject *allocate, *allocate_checked, *take, *add_free, *remove_blocks;
+    PyObject *remove_skipped_blocks, *rate_released, *block_hashes, *extend;
+    PyObject *make_room, *note_recompute, *hint_changed, *recomputed;
+    PyObject *retention, *protection, *split, *keep, *pop, *unprotect;
+    PyObject *get_new_blocks, *cache_blocks, *free_blocks, *touch;
+} Names;
+
+extern Names hkv_names;
+extern PyObject *hkv_normal_value;  /* Rating.NORMAL_VALUE, set by configure() */
+
+int hkv_init_names(void);
+
+/* A non-negative Py_ssize_t from an exact int; -1 (no error set) otherwise. */
+static inline Py_ssize_t
+hkv_exact_index(PyObject *obj)
+{
+    if (!PyLong_CheckExact(obj))
+        return -1;
+    Py_ssize_t v = PyLong_AsSsize_t(obj);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return v < 0 ? -1 : v;
+}
+
+#endif
