@@ -81,6 +81,7 @@ typedef struct {
 } HeldObject;
 
 extern PyTypeObject HKV_HeldType;
+#define Held_Check(o) Py_IS_TYPE((o), &HKV_HeldType)
 
 /* ---- blocks per group, as allocate_slots returns them (KVCacheBlocks) ----- */
 
@@ -114,28 +115,83 @@ typedef struct {
     PyObject *table;             /* the pool's hash map of this group */
 } Group;
 
+/* The pool as the C paths see it: the objects BlockPool works on. */
+typedef struct {
+    PyObject *pool;
+    PyObject *free_queue;       /* the eviction policy */
+    PyObject *null_block;
+    PyObject *cached;           /* list: group id -> hash map */
+    PyObject *subscribers, *evict_listeners, *stale_listeners;  /* lists */
+    PyObject *group_evictions;  /* list of ints */
+    PyObject *evicted;          /* the policy's watched hashes (a mapping) */
+    int uses_hints;
+} Pool;
+
 typedef struct {
     PyObject_HEAD
     PyObject *held;       /* dict: request id -> Held */
     PyObject *no_blocks;  /* KVCacheBlocks of empty lists */
+    PyObject *junctions;  /* dict: id(request) -> (weakref, junction) */
+    PyObject *stats;      /* PrefixCacheStats */
+    PyObject *hash_algo;
+    PyObject *hash_block_size;
     PyObject *request_type;
     PyObject *blocks_type;
-    PyObject *held_type;
     /* the bound view (NULL/0 until _bind) */
-    PyObject *pool;
-    PyObject *free_queue;
-    PyObject *null_block;
-    PyObject *subscribers, *evict_listeners, *stale_listeners;
-    PyObject *group_evictions;
-    PyObject *evicted;    /* the policy's watched hashes */
-    int uses_hints;
+    Pool pool;
     int native;           /* every group is a built-in type the C paths know */
     int caching;
+    Py_ssize_t alignment;
     Py_ssize_t num_groups;
     Group *groups;
 } ManagerObject;
 
 extern PyTypeObject HKV_ManagerCoreType;
+
+/* ---- the paths (each file's entry points) ---------------------------------- */
+
+/* _fp_pool.c: BlockPool's operations on the bound pool (listeners: the Python methods) */
+PyObject *hkv_pool_take(Pool *pool, Py_ssize_t num_blocks);
+int hkv_pool_touch(Pool *pool, PyObject *blocks);
+int hkv_pool_free(Pool *pool, PyObject *blocks, PyObject *requeue);
+int hkv_pool_cache(Pool *pool, Group *g, PyObject *blocks, PyObject *hashes,
+                   Py_ssize_t start, Py_ssize_t end);
+Py_ssize_t hkv_pool_num_free(Pool *pool);
+int hkv_add_to_item(PyObject *list, Py_ssize_t i, Py_ssize_t delta);  /* list[i] += delta */
+int hkv_add_to_attr(PyObject *obj, PyObject *name, Py_ssize_t delta);  /* obj.name += delta */
+
+/* _fp_group.c: one group's share of an allocation and of freeing */
+int hkv_group_need(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,
+                   Py_ssize_t num_tokens, PyObject *hit, Py_ssize_t junction, Py_ssize_t *need);
+int hkv_group_release_skipped(Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t junction);
+int hkv_group_prepare(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, PyObject *hit,
+                      Py_ssize_t junction);
+PyObject *hkv_group_allocate(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,
+                             Py_ssize_t num_tokens);
+int hkv_group_cache(Pool *pool, Group *g, PyObject *req, PyObject **hashes, ManagerObject *m,
+                    Py_ssize_t num_tokens);
+int hkv_group_limits(Group *g, PyObject *req, Py_ssize_t *max_tokens, Py_ssize_t *max_computed);
+int hkv_group_free(Pool *pool, Group *g, PyObject *req, Py_ssize_t junction);
+
+/* _fp_bind.c */
+int hkv_group_bind(Group *g, PyObject *manager, int kind, PyObject *pool_cached);
+void hkv_group_clear(Group *g);
+int hkv_group_traverse(Group *g, visitproc visit, void *arg);
+int hkv_pool_bind(Pool *p, PyObject *pool);
+void hkv_pool_clear(Pool *p);
+int hkv_pool_traverse(Pool *p, visitproc visit, void *arg);
+
+/* _fp_alloc.c */
+PyObject *hkv_allocate(ManagerObject *self, HeldObject *held, Py_ssize_t computed,
+                       Py_ssize_t num_tokens, PyObject *hit, int releases);
+PyObject *hkv_block_hashes(ManagerObject *self, PyObject *req);
+PyObject *hkv_new_blocks(ManagerObject *self, PyObject *groups);  /* steals groups */
+
+/* _fp_lookup.c */
+PyObject *hkv_find_hit(ManagerObject *self, PyObject *hashes, Py_ssize_t max_length,
+                       Py_ssize_t *length, Py_ssize_t *matched, Py_ssize_t *group_lengths);
+
+#define HKV_UNLIMITED ((Py_ssize_t)1 << 62)
 
 /* ---- shared helpers -------------------------------------------------------- */
 
@@ -146,12 +202,23 @@ typedef struct {
     PyObject *make_room, *note_recompute, *hint_changed, *recomputed;
     PyObject *retention, *protection, *split, *keep, *pop, *unprotect;
     PyObject *get_new_blocks, *cache_blocks, *free_blocks, *touch;
+    PyObject *allocate_py, *lookup_py, *free_py, *note_repeated_miss, *prune_junctions;
+    PyObject *requests, *queries, *hits, *stranded_tokens, *group_hits, *num_evictions;
+    PyObject *hash_algo, *block_size, *hashes, *num_computed_tokens;
+    PyObject *group_id, *stride, *num_kept_head_blocks, *enable_caching, *req_to_blocks;
+    PyObject *num_cached_blocks, *num_skipped, *skips, *spec, *sliding_window;
+    PyObject *num_window_blocks, *attention_chunk_size, *checkpoint_interval;
+    PyObject *free_queue, *null_block, *cached, *subscribers, *evict_listeners;
+    PyObject *stale_listeners, *group_evictions, *uses_hints, *evicted;
 } Names;
 
 extern Names hkv_names;
 extern PyObject *hkv_normal_value;  /* Rating.NORMAL_VALUE, set by configure() */
 
 int hkv_init_names(void);
+
+/* floor division and ceiling division of non-negative counts */
+#define CDIV(a, b) (((a) + (b) - 1) / (b))
 
 /* A non-negative Py_ssize_t from an exact int; -1 (no error set) otherwise. */
 static inline Py_ssize_t

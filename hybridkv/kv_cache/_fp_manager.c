@@ -66,17 +66,22 @@ held_entry(ManagerObject *self, RequestObject *req, HeldObject **out)
     return 0;
 }
 
+/* `_allocate` of a request this manager holds: in C when every group is a
+ * built-in type, else the Python reference `_allocate_py`. */
 static PyObject *
 call_allocate(ManagerObject *self, HeldObject *held, Py_ssize_t computed,
               Py_ssize_t num_tokens)
 {
+    if (self->native)
+        return hkv_allocate(self, held, computed, num_tokens, NULL,
+                            computed > held->max_computed);
     PyObject *c = PyLong_FromSsize_t(computed);
     PyObject *t = PyLong_FromSsize_t(num_tokens);
     PyObject *out = NULL;
     if (c != NULL && t != NULL) {
         PyObject *releases = computed > held->max_computed ? Py_True : Py_False;
         PyObject *args[] = {(PyObject *)self, (PyObject *)held, c, t, Py_None, releases};
-        out = PyObject_VectorcallMethod(hkv_names.allocate, args,
+        out = PyObject_VectorcallMethod(hkv_names.allocate_py, args,
                                         6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     }
     Py_XDECREF(c);
@@ -153,22 +158,205 @@ PyDoc_STRVAR(allocate_slots_doc,
 "with no other request holding blocks: waiting would never help (`can_fit`\n"
 "tells beforehand whether a request fits at all).");
 
+/* _allocate(held, computed, num_tokens, hit, releases=True), called by the
+ * checked path: in C when every group is a built-in type. */
+static PyObject *
+manager_allocate(ManagerObject *self, PyObject *args)
+{
+    PyObject *held, *hit;
+    Py_ssize_t computed, num_tokens;
+    int releases = 1;
+    if (!PyArg_ParseTuple(args, "OnnO|p:_allocate", &held, &computed, &num_tokens, &hit,
+                          &releases))
+        return NULL;
+    int lists = hit == Py_None;
+    if (PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == self->num_groups) {
+        lists = 1;
+        for (Py_ssize_t g = 0; g < self->num_groups; g++)
+            lists &= PyList_Check(PyTuple_GET_ITEM(hit, g));
+    }
+    if (!self->native || !Held_Check(held) || !lists)
+        return PyObject_CallMethodObjArgs((PyObject *)self, hkv_names.allocate_py,
+                                          PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1),
+                                          PyTuple_GET_ITEM(args, 2), hit,
+                                          releases ? Py_True : Py_False, NULL);
+    return hkv_allocate(self, (HeldObject *)held, computed, num_tokens,
+                        hit == Py_None ? NULL : hit, releases);
+}
+
+static int
+stats_add(ManagerObject *self, Py_ssize_t num_tokens, Py_ssize_t length, Py_ssize_t matched,
+          Py_ssize_t *group_lengths)
+{
+    PyObject *stats = self->stats;
+    if (hkv_add_to_attr(stats, hkv_names.requests, 1) < 0 ||
+        hkv_add_to_attr(stats, hkv_names.queries, num_tokens) < 0 ||
+        hkv_add_to_attr(stats, hkv_names.hits, length) < 0 ||
+        hkv_add_to_attr(stats, hkv_names.stranded_tokens, matched - length) < 0)
+        return -1;
+    PyObject *group_hits = PyObject_GetAttr(stats, hkv_names.group_hits);
+    int rc = group_hits == NULL || !PyList_Check(group_hits) ? -1 : 0;
+    for (Py_ssize_t g = 0; rc == 0 && g < self->num_groups; g++)
+        rc = hkv_add_to_item(group_hits, g, group_lengths[g]);
+    if (group_hits != NULL && rc < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "group_hits must be a list");
+    Py_XDECREF(group_hits);
+    return rc;
+}
+
+/* The junction: recorded per request object, and on the Held of a held one. */
+static int
+note_junction(ManagerObject *self, RequestObject *req, Py_ssize_t matched)
+{
+    PyObject *value = PyLong_FromSsize_t(matched);
+    if (value == NULL)
+        return -1;
+    int rc = PyObject_SetItem(self->junctions, (PyObject *)req, value);
+    Py_DECREF(value);
+    HeldObject *held;
+    if (rc < 0 || held_entry(self, req, &held) < 0)
+        return -1;
+    if (held != NULL)
+        held->junction = matched;
+    return 0;
+}
+
+static PyObject *
+lookup(ManagerObject *self, RequestObject *req)
+{
+    PyObject *hashes = hkv_block_hashes(self, (PyObject *)req);
+    if (hashes == NULL)
+        return NULL;
+    PyObject *out = NULL, *blocks = NULL;
+    Py_ssize_t num_tokens = PyList_GET_SIZE(req->all_token_ids), length, matched;
+    Py_ssize_t *group_lengths = PyMem_Calloc(self->num_groups, sizeof(Py_ssize_t));
+    if (group_lengths == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    blocks = hkv_find_hit(self, hashes, num_tokens - 1, &length, &matched, group_lengths);
+    if (blocks == NULL || note_junction(self, req, matched) < 0 ||
+        stats_add(self, num_tokens, length, matched, group_lengths) < 0)
+        goto done;
+    if (length == 0 && PyList_GET_SIZE(hashes)) {
+        PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, hkv_names.note_repeated_miss,
+                                                PyList_GET_ITEM(hashes, 0));
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    PyObject *hit = hkv_new_blocks(self, blocks);
+    blocks = NULL;
+    if (hit != NULL)
+        out = Py_BuildValue("(Nn)", hit, length);
+done:
+    Py_XDECREF(blocks);
+    PyMem_Free(group_lengths);
+    Py_DECREF(hashes);
+    return out;
+}
+
+/* _lookup(request): get_computed_blocks after its checks (a Request, caching on). */
+static PyObject *
+manager_lookup(ManagerObject *self, PyObject *request)
+{
+    RequestObject *req = (RequestObject *)request;
+    if (!self->native || !self->caching || self->request_type == NULL ||
+        !PyObject_TypeCheck(request, (PyTypeObject *)self->request_type) ||
+        req->all_token_ids == NULL || !PyList_CheckExact(req->all_token_ids) ||
+        PyList_GET_SIZE(req->all_token_ids) == 0 || self->stats == NULL ||
+        self->junctions == NULL)
+        return PyObject_CallMethodOneArg((PyObject *)self, hkv_names.lookup_py, request);
+    return lookup(self, req);
+}
+
+/* _release(held): free after its checks: every group returns the request's blocks. */
+static PyObject *
+manager_release(ManagerObject *self, PyObject *held)
+{
+    if (!self->native || !Held_Check(held))
+        return PyObject_CallMethodOneArg((PyObject *)self, hkv_names.free_py, held);
+    HeldObject *h = (HeldObject *)held;
+    RequestObject *req = (RequestObject *)h->request;
+    if (!PyObject_TypeCheck(h->request, &HKV_RequestCoreType) || req->request_id == NULL)
+        return PyObject_CallMethodOneArg((PyObject *)self, hkv_names.free_py, held);
+    for (Py_ssize_t g = 0; g < self->num_groups; g++)
+        if (hkv_group_free(&self->pool, &self->groups[g], h->request, h->junction) < 0)
+            return NULL;
+    if (PyDict_DelItem(self->held, req->request_id) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static void
+unbind(ManagerObject *self)
+{
+    for (Py_ssize_t g = 0; g < self->num_groups; g++)
+        hkv_group_clear(&self->groups[g]);
+    PyMem_Free(self->groups);
+    self->groups = NULL;
+    self->num_groups = 0;
+    self->native = 0;
+    hkv_pool_clear(&self->pool);
+}
+
+static int
+bind_groups(ManagerObject *self, PyObject *groups)
+{
+    Py_ssize_t n = PyList_GET_SIZE(groups);
+    self->groups = PyMem_Calloc(n ? n : 1, sizeof(Group));
+    if (self->groups == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->num_groups = n;
+    int native = n > 0;
+    for (Py_ssize_t g = 0; g < n; g++) {
+        PyObject *item = PyList_GET_ITEM(groups, g);
+        PyObject *manager;
+        int kind;
+        if (!PyArg_ParseTuple(item, "Oi:_bind group", &manager, &kind))
+            return -1;
+        native &= kind != KIND_OTHER;
+        if (kind != KIND_OTHER &&
+            hkv_group_bind(&self->groups[g], manager, kind, self->pool.cached) < 0)
+            return -1;
+    }
+    self->native = native;
+    return 0;
+}
+
 static PyObject *
 manager_bind(ManagerObject *self, PyObject *args)
 {
-    PyObject *request_type, *held_type;
-    if (!PyArg_ParseTuple(args, "O!O!:_bind", &PyType_Type, &request_type, &PyType_Type,
-                          &held_type))
+    PyObject *request_type, *blocks_type, *pool, *groups;
+    Py_ssize_t alignment;
+    int caching;
+    if (!PyArg_ParseTuple(args, "O!O!OO!np:_bind", &PyType_Type, &request_type, &PyType_Type,
+                          &blocks_type, &pool, &PyList_Type, &groups, &alignment, &caching))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)request_type, &HKV_RequestCoreType) ||
-        (PyTypeObject *)held_type != &HKV_HeldType) {
-        PyErr_SetString(PyExc_TypeError, "_bind: the request type must subclass RequestCore "
-                        "and the held type be _fastpath.Held");
+        !PyType_IsSubtype((PyTypeObject *)blocks_type, &HKV_BlocksCoreType) || alignment < 1) {
+        PyErr_SetString(PyExc_TypeError, "_bind: the request type must subclass RequestCore, "
+                        "the blocks type BlocksCore");
         return NULL;
     }
+    unbind(self);
     Py_XSETREF(self->request_type, Py_NewRef(request_type));
-    Py_XSETREF(self->held_type, Py_NewRef(held_type));
+    Py_XSETREF(self->blocks_type, Py_NewRef(blocks_type));
+    self->alignment = alignment;
+    self->caching = caching;
+    if (hkv_pool_bind(&self->pool, pool) < 0 || bind_groups(self, groups) < 0) {
+        unbind(self);
+        return NULL;
+    }
     Py_RETURN_NONE;
+}
+
+static PyObject *
+manager_native(ManagerObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->native);
 }
 
 static int
@@ -176,20 +364,30 @@ manager_traverse(ManagerObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->held);
     Py_VISIT(self->no_blocks);
+    Py_VISIT(self->junctions);
+    Py_VISIT(self->stats);
+    Py_VISIT(self->hash_algo);
+    Py_VISIT(self->hash_block_size);
     Py_VISIT(self->request_type);
     Py_VISIT(self->blocks_type);
-    Py_VISIT(self->held_type);
-    return 0;
+    for (Py_ssize_t g = 0; g < self->num_groups; g++)
+        if (hkv_group_traverse(&self->groups[g], visit, arg))
+            return 1;
+    return hkv_pool_traverse(&self->pool, visit, arg);
 }
 
 static int
 manager_clear(ManagerObject *self)
 {
+    unbind(self);
     Py_CLEAR(self->held);
     Py_CLEAR(self->no_blocks);
+    Py_CLEAR(self->junctions);
+    Py_CLEAR(self->stats);
+    Py_CLEAR(self->hash_algo);
+    Py_CLEAR(self->hash_block_size);
     Py_CLEAR(self->request_type);
     Py_CLEAR(self->blocks_type);
-    Py_CLEAR(self->held_type);
     return 0;
 }
 
@@ -204,6 +402,9 @@ manager_dealloc(ManagerObject *self)
 static PyMethodDef manager_methods[] = {
     {"allocate_slots", (PyCFunction)(void (*)(void))manager_allocate_slots,
      METH_FASTCALL | METH_KEYWORDS, allocate_slots_doc},
+    {"_allocate", (PyCFunction)manager_allocate, METH_VARARGS, NULL},
+    {"_lookup", (PyCFunction)manager_lookup, METH_O, NULL},
+    {"_release", (PyCFunction)manager_release, METH_O, NULL},
     {"_bind", (PyCFunction)manager_bind, METH_VARARGS, NULL},
     {NULL},
 };
@@ -211,6 +412,15 @@ static PyMethodDef manager_methods[] = {
 static PyMemberDef manager_members[] = {
     {"_held", T_OBJECT_EX, offsetof(ManagerObject, held), 0, NULL},
     {"_no_blocks", T_OBJECT_EX, offsetof(ManagerObject, no_blocks), 0, NULL},
+    {"_junctions", T_OBJECT_EX, offsetof(ManagerObject, junctions), 0, NULL},
+    {"_stats", T_OBJECT_EX, offsetof(ManagerObject, stats), 0, NULL},
+    {"hash_algo", T_OBJECT_EX, offsetof(ManagerObject, hash_algo), 0, NULL},
+    {"hash_block_size", T_OBJECT_EX, offsetof(ManagerObject, hash_block_size), 0, NULL},
+    {NULL},
+};
+
+static PyGetSetDef manager_getset[] = {
+    {"_native", (getter)manager_native, NULL, "whether the C paths serve every group", NULL},
     {NULL},
 };
 
@@ -226,4 +436,5 @@ PyTypeObject HKV_ManagerCoreType = {
     .tp_clear = (inquiry)manager_clear,
     .tp_methods = manager_methods,
     .tp_members = manager_members,
+    .tp_getset = manager_getset,
 };

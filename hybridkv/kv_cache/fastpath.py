@@ -125,17 +125,30 @@ class BlocksCore:
         self.blocks = blocks
 
 
+# the C paths' code for a group's manager type; KIND_OTHER (a type they do not know)
+# makes the whole manager run the Python paths
+KIND_OTHER, KIND_FULL, KIND_SLIDING, KIND_CHUNKED, KIND_MAMBA = range(5)
+
+
 class ManagerCore:
     """The base of `KVCacheManager`: `allocate_slots`, whose common case (a request
     this manager holds, an allocation under its fast-path limits) changes
-    nothing and returns at once."""
+    nothing and returns at once, and the entry points the C extension
+    implements (`_allocate`, `_lookup`, `_release`): here the Python methods."""
 
     _held: dict[str, Any]
     _no_blocks: Any
     _request_type: type | None = None
+    _native = False
 
-    def _bind(self, request_type: type, held_type: type) -> None:
+    def _bind(self, request_type: type, blocks_type: type, pool: Any,
+              groups: list[tuple[Any, int]], alignment: int, caching: bool) -> None:
         self._request_type = request_type
+
+    # the subclass's reference methods, with no frame in between
+    _allocate = property(lambda self: self._allocate_py)
+    _lookup = property(lambda self: self._lookup_py)
+    _release = property(lambda self: self._release_py)
 
     def allocate_slots(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Any = None) -> Any:
@@ -156,10 +169,6 @@ class ManagerCore:
                                           computed > held.max_computed)
         return self._allocate_checked(request, num_new_tokens, num_new_computed_tokens,
                                       new_computed_blocks)
-
-    def _allocate(self, held: Any, computed: int, num_tokens: int, hit: Any,
-                  releases: bool = True) -> Any:
-        raise NotImplementedError
 
     def _allocate_checked(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int,
                           new_computed_blocks: Any) -> Any:

@@ -13,6 +13,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from hybridkv.kv_cache import fastpath
@@ -25,10 +26,24 @@ from hybridkv.kv_cache.external import BlockImport, begin_import, end_import
 from hybridkv.kv_cache.fastpath import native
 from hybridkv.kv_cache.hashing import check_hash_algo
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
-from hybridkv.kv_cache.managers import MambaManager, MambaStatePlan, mamba_state_plan
+from hybridkv.kv_cache.managers import (
+    ChunkedLocalAttentionManager,
+    FullAttentionManager,
+    MambaManager,
+    MambaStatePlan,
+    SinkFullAttentionManager,
+    SlidingWindowManager,
+    mamba_state_plan,
+)
 from hybridkv.kv_cache.managers.base import Lookup
 from hybridkv.kv_cache.request import Request
 
+# the manager types the C paths know, exactly (a subclass may change any rule)
+NATIVE_KINDS = {FullAttentionManager: fastpath.KIND_FULL,
+                SinkFullAttentionManager: fastpath.KIND_FULL,
+                SlidingWindowManager: fastpath.KIND_SLIDING,
+                ChunkedLocalAttentionManager: fastpath.KIND_CHUNKED,
+                MambaManager: fastpath.KIND_MAMBA}
 # lookups of one prompt start that found nothing before a warning is issued
 REPEATED_MISS_WARNING = 3
 
@@ -125,7 +140,10 @@ class KVCacheManager(ManagerBase):
         self._no_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
         self._missed_prefixes: dict[bytes, int] = {}
         self._warned = not warn_repeated_misses
-        self._bind(Request, _Held)
+        groups = [(m, NATIVE_KINDS.get(type(m), fastpath.KIND_OTHER))
+                  for m in self.coordinator.managers]
+        self._bind(Request, KVCacheBlocks, self.pool, groups, self.coordinator.alignment,
+                   self.enable_caching)
 
     # ---- lookups -------------------------------------------------------------
 
@@ -139,6 +157,10 @@ class KVCacheManager(ManagerBase):
             raise ValueError(f"request must be a Request, got {type(request).__name__}")
         if not self.enable_caching:
             return self._no_blocks, 0
+        return self._lookup(request)  # in C when built (ManagerBase), else _lookup_py
+
+    def _lookup_py(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """`get_computed_blocks` after its checks (the reference of the C path)."""
         hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
         hit = self.coordinator.find_longest_cache_hit(hashes, request.num_tokens - 1)
         num_tokens, matched = hit.length, hit.matched
@@ -197,9 +219,10 @@ class KVCacheManager(ManagerBase):
             held = _Held(request, self._junctions.get(request, 0))
         return self._allocate(held, computed, num_tokens, hit)
 
-    def _allocate(self, held: _Held, computed: int, num_tokens: int,
-                  hit: GroupBlocks | None, releases: bool = True) -> KVCacheBlocks | None:
-        """Check, then commit, an allocation the caller has validated.
+    def _allocate_py(self, held: _Held, computed: int, num_tokens: int,
+                     hit: GroupBlocks | None, releases: bool = True) -> KVCacheBlocks | None:
+        """Check, then commit, an allocation the caller has validated (`_allocate`
+        runs this in C when built; this is the reference).
 
         `releases=False` when the request's own limits show no group
         releases a block at `computed`."""
@@ -209,7 +232,7 @@ class KVCacheManager(ManagerBase):
             return None
         new_blocks = coordinator.allocate(request, computed, num_tokens, hit, junction,
                                           releases)
-        hashes = request.block_hashes(self.hash_algo, self.hash_block_size) \
+        hashes = partial(request.block_hashes, self.hash_algo, self.hash_block_size) \
             if self.enable_caching else None
         held.max_tokens, held.max_computed = coordinator.cache_blocks(request, hashes,
                                                                       num_tokens)
@@ -288,8 +311,12 @@ class KVCacheManager(ManagerBase):
         if held.request is not request:
             raise ValueError(f"free: request id {request.request_id!r} is held by another "
                              f"Request object; free that one")
-        self.coordinator.free(request, held.junction)
-        del self._held[request.request_id]
+        self._release(held)  # in C when built (ManagerBase), else _release_py
+
+    def _release_py(self, held: _Held) -> None:
+        """`free` after its checks (the reference of the C path)."""
+        self.coordinator.free(held.request, held.junction)
+        del self._held[held.request.request_id]
 
     def _held_entry(self, caller: str, request_id: str) -> _Held:
         held = self._held.get(request_id)
