@@ -186,6 +186,7 @@ PyObject *hkv_allocate(ManagerObject *self, HeldObject *held, Py_ssize_t compute
                        Py_ssize_t num_tokens, PyObject *hit, int releases);
 PyObject *hkv_block_hashes(ManagerObject *self, PyObject *req);
 PyObject *hkv_new_blocks(ManagerObject *self, PyObject *groups);  /* steals groups */
+PyObject *hkv_configure_hashing(PyObject *module, PyObject *args);
 
 /* _fp_lookup.c */
 PyObject *hkv_find_hit(ManagerObject *self, PyObject *hashes, Py_ssize_t max_length,
@@ -210,6 +211,7 @@ typedef struct {
     PyObject *num_window_blocks, *attention_chunk_size, *checkpoint_interval;
     PyObject *free_queue, *null_block, *cached, *subscribers, *evict_listeners;
     PyObject *stale_listeners, *group_evictions, *uses_hints, *evicted;
+    PyObject *h_mm, *h_salt, *h_lora, *get, *hex, *append_checked;
 } Names;
 
 extern Names hkv_names;
@@ -233,5 +235,29 @@ hkv_exact_index(PyObject *obj)
     }
     return v < 0 ? -1 : v;
 }
+
+/* obj.name(*args) with an interned name: `args` are new references (NULL
+ * entries mean an earlier conversion failed); all are released. */
+static inline PyObject *
+hkv_call(PyObject *obj, PyObject *name, PyObject **args, Py_ssize_t nargs)
+{
+    PyObject *out = NULL, *stack[8];
+    int ok = nargs < 8;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        ok &= args[i] != NULL;
+    if (ok) {
+        stack[0] = obj;
+        for (Py_ssize_t i = 0; i < nargs; i++)
+            stack[i + 1] = args[i];
+        out = PyObject_VectorcallMethod(name, stack, (nargs + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                        NULL);
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        Py_XDECREF(args[i]);
+    return out;
+}
+
+#define HKV_N(v) PyLong_FromSsize_t(v)
+#define HKV_O(v) Py_NewRef(v)
 
 #endif

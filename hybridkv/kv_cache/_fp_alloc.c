@@ -8,32 +8,91 @@
  *    fast-path limits. */
 #include "_fastpath.h"
 
-/* request.block_hashes(hash_algo, hash_block_size): the request's hasher list
- * itself when it covers every full block, else the Python method. */
+/* Set by configure_hashing (hashing.py, on import): BlockHasher, _chainhash.chain,
+ * the algorithm ids and the seeds. */
+static PyObject *hasher_type, *chain_fn, *algo_ids, *seeds;
+
+PyObject *
+hkv_configure_hashing(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *type, *chain, *ids, *seed_map;
+    if (!PyArg_ParseTuple(args, "O!OO!O!:configure_hashing", &PyType_Type, &type, &chain,
+                          &PyDict_Type, &ids, &PyDict_Type, &seed_map))
+        return NULL;
+    Py_XSETREF(hasher_type, Py_NewRef(type));
+    Py_XSETREF(chain_fn, Py_NewRef(chain));
+    Py_XSETREF(algo_ids, Py_NewRef(ids));
+    Py_XSETREF(seeds, Py_NewRef(seed_map));
+    Py_RETURN_NONE;
+}
+
+#define attr(obj, name) PyObject_GetAttr((obj), hkv_names.name)
+
+/* BlockHasher._hash_range's one-call case (no multimodal items, no salt to add):
+ * hashes blocks first..last-1 onto `hashes`. 1 done, 0 not this case, -1 error. */
+static int
+extend_plain(PyObject *hasher, PyObject *hashes, PyObject *algo, PyObject *tokens,
+             Py_ssize_t first, Py_ssize_t last, Py_ssize_t bs)
+{
+    PyObject *mm = attr(hasher, h_mm), *salt = mm ? attr(hasher, h_salt) : NULL;
+    PyObject *lora = salt ? attr(hasher, h_lora) : NULL, *out = NULL;
+    int rc = lora == NULL ? -1 : 0, plain = 0;
+    if (rc == 0) {
+        int has_mm = PyObject_IsTrue(mm), has_salt = PyObject_IsTrue(salt);
+        rc = has_mm < 0 || has_salt < 0 ? -1 : 0;
+        plain = !has_mm && !(first == 0 && has_salt);
+    }
+    PyObject *id = rc == 0 && plain ? PyDict_GetItemWithError(algo_ids, algo) : NULL;
+    PyObject *parent = first ? PyList_GET_ITEM(hashes, first - 1)
+                             : (id ? PyDict_GetItemWithError(seeds, algo) : NULL);
+    if (id != NULL && parent != NULL) {
+        out = PyObject_CallFunction(chain_fn, "OOOnnnO", id, parent, tokens, first * bs,
+                                    last - first, bs, lora);
+        rc = out == NULL || PyList_SetSlice(hashes, first, first, out) < 0 ? -1 : 1;
+    }
+    if (rc == 0 && PyErr_Occurred())
+        rc = -1;
+    Py_XDECREF(mm);
+    Py_XDECREF(salt);
+    Py_XDECREF(lora);
+    Py_XDECREF(out);
+    return rc;
+}
+
+/* The request's hasher list when it covers every full block, or after
+ * extending it in C; NULL (no error) when the Python method must run. */
+static PyObject *
+hasher_hashes(ManagerObject *self, RequestObject *r)
+{
+    PyObject *hasher = r->hasher, *tokens = r->all_token_ids;
+    if (hasher == NULL || hasher_type == NULL || !Py_IS_TYPE(hasher, (PyTypeObject *)hasher_type)
+        || tokens == NULL || !PyList_CheckExact(tokens))
+        return NULL;
+    PyObject *bs = attr(hasher, block_size), *algo = bs ? attr(hasher, hash_algo) : NULL;
+    PyObject *hashes = algo ? attr(hasher, hashes) : NULL;
+    Py_ssize_t size = bs ? hkv_exact_index(bs) : -1;
+    int same = size > 0 && hashes && PyList_CheckExact(hashes) &&
+               size == hkv_exact_index(self->hash_block_size) && PyUnicode_Check(algo) &&
+               PyUnicode_Compare(algo, self->hash_algo) == 0;
+    int rc = 1;
+    if (same && PyList_GET_SIZE(hashes) < PyList_GET_SIZE(tokens) / size)
+        rc = extend_plain(hasher, hashes, algo, tokens, PyList_GET_SIZE(hashes),
+                          PyList_GET_SIZE(tokens) / size, size);
+    Py_XDECREF(bs);
+    Py_XDECREF(algo);
+    if (same && rc == 1 && !PyErr_Occurred())
+        return hashes;
+    Py_XDECREF(hashes);
+    return NULL;
+}
+
+/* request.block_hashes(hash_algo, hash_block_size) (a list). */
 PyObject *
 hkv_block_hashes(ManagerObject *self, PyObject *req)
 {
-    RequestObject *r = (RequestObject *)req;
-    PyObject *hasher = r->hasher;
-    if (hasher != NULL && hasher != Py_None && r->all_token_ids != NULL &&
-        PyList_CheckExact(r->all_token_ids)) {
-        PyObject *bs = PyObject_GetAttr(hasher, hkv_names.block_size);
-        PyObject *algo = bs ? PyObject_GetAttr(hasher, hkv_names.hash_algo) : NULL;
-        PyObject *hashes = algo ? PyObject_GetAttr(hasher, hkv_names.hashes) : NULL;
-        Py_ssize_t size = bs ? hkv_exact_index(bs) : -1;
-        int same = size > 0 && hashes && PyList_CheckExact(hashes) &&
-                   size == hkv_exact_index(self->hash_block_size) &&
-                   PyUnicode_Check(algo) && PyUnicode_Compare(algo, self->hash_algo) == 0;
-        Py_XDECREF(bs);
-        Py_XDECREF(algo);
-        if (PyErr_Occurred()) {
-            Py_XDECREF(hashes);
-            return NULL;
-        }
-        if (same && PyList_GET_SIZE(hashes) >= PyList_GET_SIZE(r->all_token_ids) / size)
-            return hashes;
-        Py_XDECREF(hashes);
-    }
+    PyObject *hashes = hasher_hashes(self, (RequestObject *)req);
+    if (hashes != NULL || PyErr_Occurred())
+        return hashes;
     PyObject *args[] = {req, self->hash_algo, self->hash_block_size};
     PyObject *out = PyObject_VectorcallMethod(hkv_names.block_hashes, args,
                                               3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -72,8 +131,8 @@ fits(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_
         return -1;
     if (need <= num_free)
         return 1;
-    PyObject *out = PyObject_CallMethod((PyObject *)self, "_make_room", "On", (PyObject *)held,
-                                        need);
+    PyObject *out = hkv_call((PyObject *)self, hkv_names.make_room,
+                             (PyObject *[]){HKV_O((PyObject *)held), HKV_N(need)}, 2);
     if (out == NULL)
         return -1;
     int ok = PyObject_IsTrue(out);

@@ -105,8 +105,9 @@ num_freed_by_skip(Pool *pool, Group *g, PyObject *req, PyObject *blocks, Py_ssiz
     PyObject *retention = PyObject_GetAttr(g->manager, hkv_names.retention);
     if (retention == NULL)
         return -1;
-    PyObject *split = PyObject_CallMethod(retention, "split", "OnOnn", req, junction, blocks,
-                                          start, end);
+    PyObject *split = hkv_call(retention, hkv_names.split,
+                               (PyObject *[]){HKV_O(req), HKV_N(junction), HKV_O(blocks),
+                                              HKV_N(start), HKV_N(end)}, 5);
     Py_DECREF(retention);
     if (split == NULL)
         return -1;
@@ -239,8 +240,8 @@ remove_skipped(Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t junction
         end = PyList_GET_SIZE(blocks);
     if (end <= start)
         return 0;
-    PyObject *out = PyObject_CallMethod(g->manager, "remove_skipped_blocks", "Onn", req,
-                                        computed, junction);
+    PyObject *out = hkv_call(g->manager, hkv_names.remove_skipped_blocks,
+                             (PyObject *[]){HKV_O(req), HKV_N(computed), HKV_N(junction)}, 3);
     Py_XDECREF(out);
     return out == NULL ? -1 : 0;
 }
@@ -469,16 +470,16 @@ dict_pop(PyObject *d, PyObject *key)
 }
 
 static PyObject *
-call_component(Group *g, PyObject *name, const char *method, PyObject *arg)
+call_component(Group *g, PyObject *name, PyObject *method, PyObject *arg)
 {
     PyObject *component = PyObject_GetAttr(g->manager, name);
     if (component == NULL)
         return NULL;
-    PyObject *out = PyObject_CallMethod(component, method, "O", arg);
+    PyObject *out = PyObject_CallMethodOneArg(component, method, arg);
     Py_DECREF(component);
     if (out != NULL && !PyList_Check(out)) {
         Py_DECREF(out);
-        PyErr_Format(PyExc_TypeError, "%s() must return a list", method);
+        PyErr_Format(PyExc_TypeError, "%U() must return a list", method);
         return NULL;
     }
     return out;
@@ -525,12 +526,13 @@ hkv_group_free(Pool *pool, Group *g, PyObject *req, Py_ssize_t junction)
         PyErr_SetString(PyExc_TypeError, "a request's blocks must be a list");
         goto done;
     }
-    if ((g->retains && !(retained = call_component(g, hkv_names.retention, "pop", rid))) ||
-        (g->protects && !(requeue = call_component(g, hkv_names.protection, "unprotect", rid))))
+    if ((g->retains && !(retained = call_component(g, hkv_names.retention, hkv_names.pop, rid))) ||
+        (g->protects && !(requeue = call_component(g, hkv_names.protection, hkv_names.unprotect, rid))))
         goto done;
     if (non_empty(blocks) && g->rates) {
-        PyObject *out = PyObject_CallMethod(g->manager, "rate_released", "OnOnn", req, junction,
-                                            blocks, (Py_ssize_t)0, PyList_GET_SIZE(blocks));
+        PyObject *out = hkv_call(g->manager, hkv_names.rate_released,
+                                 (PyObject *[]){HKV_O(req), HKV_N(junction), HKV_O(blocks),
+                                                HKV_N(0), HKV_N(PyList_GET_SIZE(blocks))}, 5);
         if (out == NULL)
             goto done;
         Py_DECREF(out);

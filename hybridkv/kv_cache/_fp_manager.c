@@ -104,10 +104,61 @@ call_checked(ManagerObject *self, PyObject **a)
     return out;
 }
 
-static int
-is_zero(PyObject *obj)
+/* The hit an admission adopts (a tuple of lists), when `blocks` is a
+ * KVCacheBlocks covering num_computed tokens in every group; else NULL. */
+static PyObject *
+valid_hit(ManagerObject *self, PyObject *blocks, Py_ssize_t num_computed)
 {
-    return obj == NULL || hkv_exact_index(obj) == 0;
+    if (blocks == NULL || !PyObject_TypeCheck(blocks, (PyTypeObject *)self->blocks_type))
+        return NULL;
+    PyObject *hit = ((BlocksObject *)blocks)->blocks;
+    if (hit == NULL || !PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != self->num_groups)
+        return NULL;
+    for (Py_ssize_t g = 0; g < self->num_groups; g++) {
+        PyObject *group = PyTuple_GET_ITEM(hit, g);
+        if (!PyList_Check(group) ||
+            PyList_GET_SIZE(group) * self->groups[g].block_size != num_computed)
+            return NULL;
+    }
+    return hit;
+}
+
+/* The junction of a request not held: its last lookup's (0 if none); -1 if not an int. */
+static Py_ssize_t
+junction_of(ManagerObject *self, PyObject *req)
+{
+    PyObject *v = hkv_call(self->junctions, hkv_names.get,
+                           (PyObject *[]){HKV_O(req), HKV_N(0)}, 2);
+    if (v == NULL)
+        return -2;
+    Py_ssize_t junction = hkv_exact_index(v);
+    Py_DECREF(v);
+    return junction;
+}
+
+/* A request this manager does not hold yet: checked in C, allocated in C. The
+ * checked path runs (and raises) for anything the checks would refuse. */
+static PyObject *
+admit(ManagerObject *self, RequestObject *req, PyObject **a, Py_ssize_t n, Py_ssize_t nc,
+      Py_ssize_t computed)
+{
+    if (nc > PY_SSIZE_T_MAX - computed - n ||
+        computed + nc + n > PyList_GET_SIZE(req->all_token_ids) || (nc && computed))
+        return call_checked(self, a);
+    PyObject *hit = nc ? valid_hit(self, a[ARG_HIT], nc) : NULL;
+    if (nc && hit == NULL)
+        return call_checked(self, a);
+    Py_ssize_t junction = junction_of(self, (PyObject *)req);
+    if (junction < 0)
+        return junction == -2 ? NULL : call_checked(self, a);
+    HeldObject *held = (HeldObject *)HKV_HeldType.tp_alloc(&HKV_HeldType, 0);
+    if (held == NULL)
+        return NULL;
+    held->request = Py_NewRef((PyObject *)req);
+    held->junction = junction;
+    PyObject *out = hkv_allocate(self, held, computed + nc, computed + nc + n, hit, 1);
+    Py_DECREF(held);
+    return out;
 }
 
 static PyObject *
@@ -119,20 +170,26 @@ manager_allocate_slots(ManagerObject *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     PyObject *request = a[ARG_REQUEST];
     if (self->request_type == NULL || self->held == NULL || !PyDict_Check(self->held) ||
-        self->no_blocks == NULL || !is_zero(a[ARG_NUM_COMPUTED]) ||
-        !PyObject_TypeCheck(request, (PyTypeObject *)self->request_type))
+        self->no_blocks == NULL || !PyObject_TypeCheck(request, (PyTypeObject *)self->request_type))
         return call_checked(self, a);
     RequestObject *req = (RequestObject *)request;
-    HeldObject *held;
-    if (held_entry(self, req, &held) < 0)
-        return NULL;
-    if (held == NULL || req->all_token_ids == NULL || !PyList_CheckExact(req->all_token_ids) ||
-        req->num_computed_tokens == NULL)
-        return call_checked(self, a);
     Py_ssize_t n = hkv_exact_index(a[ARG_NUM_NEW]);
-    Py_ssize_t computed = hkv_exact_index(req->num_computed_tokens);
-    if (n < 0 || computed < 0 || n > PY_SSIZE_T_MAX - computed)
+    Py_ssize_t nc = a[ARG_NUM_COMPUTED] ? hkv_exact_index(a[ARG_NUM_COMPUTED]) : 0;
+    Py_ssize_t computed = req->num_computed_tokens ? hkv_exact_index(req->num_computed_tokens)
+                                                   : -1;
+    if (n < 0 || nc < 0 || computed < 0 || n > PY_SSIZE_T_MAX - computed ||
+        req->request_id == NULL || req->all_token_ids == NULL ||
+        !PyList_CheckExact(req->all_token_ids))
         return call_checked(self, a);
+    PyObject *entry = PyDict_GetItemWithError(self->held, req->request_id);
+    if (entry == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        return self->native ? admit(self, req, a, n, nc, computed) : call_checked(self, a);
+    }
+    if (nc || !Held_Check(entry) || ((HeldObject *)entry)->request != request)
+        return call_checked(self, a);
+    HeldObject *held = (HeldObject *)entry;
     Py_ssize_t num_tokens = computed + n;
     if (num_tokens > PyList_GET_SIZE(req->all_token_ids))
         return call_checked(self, a);

@@ -70,6 +70,12 @@ hkv_init_names(void)
     INTERN(group_evictions, "group_evictions");
     INTERN(uses_hints, "uses_hints");
     INTERN(evicted, "evicted");
+    INTERN(h_mm, "_mm");
+    INTERN(get, "get");
+    INTERN(hex, "hex");
+    INTERN(append_checked, "_append_checked");
+    INTERN(h_salt, "_salt");
+    INTERN(h_lora, "_lora");
     INTERN(subscribers, "_subscribers");
     INTERN(evict_listeners, "_evict_listeners");
     INTERN(stale_listeners, "_stale_listeners");
@@ -89,8 +95,15 @@ PyDoc_STRVAR(configure_doc,
 "The rating new Block records start with (eviction.NORMAL_VALUE); block_pool\n"
 "calls it once on import.");
 
+PyDoc_STRVAR(configure_hashing_doc,
+"configure_hashing(BlockHasher, chain, algo_ids, seeds)\n"
+"\n"
+"What extending a request's hashes in C needs (hashing.py calls it on import\n"
+"when its C extension is built).");
+
 static PyMethodDef module_methods[] = {
     {"configure", configure, METH_O, configure_doc},
+    {"configure_hashing", hkv_configure_hashing, METH_VARARGS, configure_hashing_doc},
     {NULL, NULL, 0, NULL},
 };
 

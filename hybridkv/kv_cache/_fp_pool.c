@@ -97,14 +97,16 @@ hkv_pool_take(Pool *pool, Py_ssize_t num_blocks)
 {
     if (listening(pool->evict_listeners) || listening(pool->stale_listeners) ||
         listening(pool->subscribers))
-        return PyObject_CallMethod(pool->pool, "get_new_blocks", "n", num_blocks);
+        return hkv_call(pool->pool, hkv_names.get_new_blocks,
+                        (PyObject *[]){HKV_N(num_blocks)}, 1);
     Py_ssize_t num_free = hkv_pool_num_free(pool);
     if (num_free < 0)
         return NULL;
     if (num_blocks > num_free)
         return PyErr_Format(PyExc_ValueError, "cannot take %zd blocks: only %zd are free",
                             num_blocks, num_free);
-    PyObject *blocks = PyObject_CallMethod(pool->free_queue, "take", "n", num_blocks);
+    PyObject *blocks = hkv_call(pool->free_queue, hkv_names.take,
+                                 (PyObject *[]){HKV_N(num_blocks)}, 1);
     if (blocks == NULL)
         return NULL;
     if (!PyList_CheckExact(blocks) || PyList_GET_SIZE(blocks) != num_blocks) {

@@ -38,7 +38,7 @@ request_append(RequestObject *self, PyObject *token_ids)
         }
     }
     /* anything else: the checked path of the subclass */
-    return PyObject_CallMethod((PyObject *)self, "_append_checked", "O", token_ids);
+    return PyObject_CallMethodOneArg((PyObject *)self, hkv_names.append_checked, token_ids);
 }
 
 PyDoc_STRVAR(request_append_doc,

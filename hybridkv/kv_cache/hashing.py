@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import xxhash
 
 from hybridkv.kv_cache.checks import check_int
+from hybridkv.kv_cache.fastpath import native as _fastpath
 
 ALLOW_PYTHON_ENV = "HYBRIDKV_ALLOW_PYTHON_HASHING"
 _BUILD_ERROR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -341,3 +342,7 @@ def max_token_id(token_ids: Sequence[int]) -> int:
         raise ValueError("token_ids: max of no tokens")
     BlockHasher._pack(token_ids)
     return max(token_ids)
+
+
+if _fastpath is not None and _chainhash is not None:  # requests' hashes extend in C
+    _fastpath.configure_hashing(BlockHasher, _chainhash.chain, _ALGO_IDS, _SEEDS)
