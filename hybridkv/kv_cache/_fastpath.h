@@ -163,7 +163,10 @@ int hkv_add_to_attr(PyObject *obj, PyObject *name, Py_ssize_t delta);  /* obj.na
 /* _fp_group.c: one group's share of an allocation and of freeing */
 int hkv_group_need(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,
                    Py_ssize_t num_tokens, PyObject *hit, Py_ssize_t junction, Py_ssize_t *need);
-int hkv_group_release_skipped(Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t junction);
+
+/* _fp_release.c: blocks a request no longer needs, and freeing */
+int hkv_group_release_skipped(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,
+                              Py_ssize_t junction);
 int hkv_group_prepare(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, PyObject *hit,
                       Py_ssize_t junction);
 PyObject *hkv_group_allocate(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,
@@ -188,7 +191,11 @@ PyObject *hkv_block_hashes(ManagerObject *self, PyObject *req);
 PyObject *hkv_new_blocks(ManagerObject *self, PyObject *groups);  /* steals groups */
 PyObject *hkv_configure_hashing(PyObject *module, PyObject *args);
 
+/* _fp_manager.c */
+int hkv_held_entry(ManagerObject *self, RequestObject *req, HeldObject **out);
+
 /* _fp_lookup.c */
+PyObject *hkv_manager_lookup(ManagerObject *self, PyObject *request);
 PyObject *hkv_find_hit(ManagerObject *self, PyObject *hashes, Py_ssize_t max_length,
                        Py_ssize_t *length, Py_ssize_t *matched, Py_ssize_t *group_lengths);
 
@@ -212,6 +219,7 @@ typedef struct {
     PyObject *free_queue, *null_block, *cached, *subscribers, *evict_listeners;
     PyObject *stale_listeners, *group_evictions, *uses_hints, *evicted;
     PyObject *h_mm, *h_salt, *h_lora, *get, *hex, *append_checked;
+    PyObject *init_checked, *cache_salt, *lora_name, *mm_hashes, *max_tokens, *protect;
 } Names;
 
 extern Names hkv_names;
@@ -256,6 +264,70 @@ hkv_call(PyObject *obj, PyObject *name, PyObject **args, Py_ssize_t nargs)
         Py_XDECREF(args[i]);
     return out;
 }
+
+/* ---- a group's per-request state (managers/base.py's dicts) ---------------- */
+
+#define RID(req) (((RequestObject *)(req))->request_id)
+
+/* d.get(key, default) for an int value; -1 with an error set on failure. */
+static inline Py_ssize_t
+dict_count(PyObject *d, PyObject *key, Py_ssize_t dflt)
+{
+    PyObject *v = PyDict_GetItemWithError(d, key);
+    if (v == NULL)
+        return PyErr_Occurred() ? -1 : dflt;
+    return PyLong_AsSsize_t(v);
+}
+
+static inline int
+dict_set_count(PyObject *d, PyObject *key, Py_ssize_t value)
+{
+    PyObject *v = PyLong_FromSsize_t(value);
+    if (v == NULL)
+        return -1;
+    int rc = PyDict_SetItem(d, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* The request's block list in this group (borrowed) or NULL (none, or an error). */
+static inline PyObject *
+blocks_of(Group *g, PyObject *req)
+{
+    PyObject *blocks = PyDict_GetItemWithError(g->req_to_blocks, RID(req));
+    if (blocks != NULL && !PyList_Check(blocks)) {
+        PyErr_SetString(PyExc_TypeError, "a request's blocks must be a list");
+        return NULL;
+    }
+    return blocks;
+}
+
+#define FAILED(v) ((v) == -1 && PyErr_Occurred())
+
+/* num_skipped_blocks of the type: leading positions no longer needed. */
+static inline Py_ssize_t
+num_skipped_blocks(Group *g, Py_ssize_t computed)
+{
+    switch (g->kind) {
+    case KIND_SLIDING: {
+        Py_ssize_t first_needed = computed - g->window + 1;
+        return (first_needed > 0 ? first_needed : 0) / g->block_size;
+    }
+    case KIND_CHUNKED:
+        return computed / g->chunk * g->chunk / g->block_size;
+    case KIND_MAMBA:
+        return computed / g->block_size;
+    default:
+        return 0;
+    }
+}
+
+static inline Py_ssize_t
+skip_start(Group *g, PyObject *req)
+{
+    return dict_count(g->num_skipped, RID(req), g->kept_head);
+}
+
 
 #define HKV_N(v) PyLong_FromSsize_t(v)
 #define HKV_O(v) Py_NewRef(v)

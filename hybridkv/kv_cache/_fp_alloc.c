@@ -149,7 +149,8 @@ commit(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t nu
     for (Py_ssize_t g = 0; g < self->num_groups; g++) {
         Group *group = &self->groups[g];
         int rc = hit == NULL
-            ? (releases ? hkv_group_release_skipped(group, req, computed, held->junction) : 0)
+            ? (releases ? hkv_group_release_skipped(&self->pool, group, req, computed,
+                                                    held->junction) : 0)
             : hkv_group_prepare(&self->pool, group, req, computed, hit_of(hit, g),
                                 held->junction);
         if (rc < 0)

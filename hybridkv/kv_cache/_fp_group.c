@@ -5,67 +5,6 @@
  * actually released. */
 #include "_fastpath.h"
 
-#define RID(req) (((RequestObject *)(req))->request_id)
-
-/* d.get(key, default) for an int value; -1 with an error set on failure. */
-static Py_ssize_t
-dict_count(PyObject *d, PyObject *key, Py_ssize_t dflt)
-{
-    PyObject *v = PyDict_GetItemWithError(d, key);
-    if (v == NULL)
-        return PyErr_Occurred() ? -1 : dflt;
-    return PyLong_AsSsize_t(v);
-}
-
-static int
-dict_set_count(PyObject *d, PyObject *key, Py_ssize_t value)
-{
-    PyObject *v = PyLong_FromSsize_t(value);
-    if (v == NULL)
-        return -1;
-    int rc = PyDict_SetItem(d, key, v);
-    Py_DECREF(v);
-    return rc;
-}
-
-/* The request's block list in this group (borrowed) or NULL (none, or an error). */
-static PyObject *
-blocks_of(Group *g, PyObject *req)
-{
-    PyObject *blocks = PyDict_GetItemWithError(g->req_to_blocks, RID(req));
-    if (blocks != NULL && !PyList_Check(blocks)) {
-        PyErr_SetString(PyExc_TypeError, "a request's blocks must be a list");
-        return NULL;
-    }
-    return blocks;
-}
-
-#define FAILED(v) ((v) == -1 && PyErr_Occurred())
-
-/* num_skipped_blocks of the type: leading positions no longer needed. */
-static Py_ssize_t
-num_skipped_blocks(Group *g, Py_ssize_t computed)
-{
-    switch (g->kind) {
-    case KIND_SLIDING: {
-        Py_ssize_t first_needed = computed - g->window + 1;
-        return (first_needed > 0 ? first_needed : 0) / g->block_size;
-    }
-    case KIND_CHUNKED:
-        return computed / g->chunk * g->chunk / g->block_size;
-    case KIND_MAMBA:
-        return computed / g->block_size;
-    default:
-        return 0;
-    }
-}
-
-static Py_ssize_t
-skip_start(Group *g, PyObject *req)
-{
-    return dict_count(g->num_skipped, RID(req), g->kept_head);
-}
-
 static Py_ssize_t
 num_with_ref(PyObject *seq, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t ref, PyObject *null)
 {
@@ -224,41 +163,13 @@ hkv_group_need(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, Py_ssiz
 
 /* ---- commit ------------------------------------------------------------------ */
 
-/* remove_skipped_blocks: when skipping releases anything, the manager's own
- * method (its rating, protection and retention rules) does it. */
-static int
-remove_skipped(Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t junction)
-{
-    PyObject *blocks = blocks_of(g, req);
-    if (blocks == NULL || PyList_GET_SIZE(blocks) == 0)
-        return PyErr_Occurred() ? -1 : 0;
-    Py_ssize_t start = skip_start(g, req);
-    if (FAILED(start))
-        return -1;
-    Py_ssize_t end = num_skipped_blocks(g, computed);
-    if (end > PyList_GET_SIZE(blocks))
-        end = PyList_GET_SIZE(blocks);
-    if (end <= start)
-        return 0;
-    PyObject *out = hkv_call(g->manager, hkv_names.remove_skipped_blocks,
-                             (PyObject *[]){HKV_O(req), HKV_N(computed), HKV_N(junction)}, 3);
-    Py_XDECREF(out);
-    return out == NULL ? -1 : 0;
-}
-
-int
-hkv_group_release_skipped(Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t junction)
-{
-    return g->skips ? remove_skipped(g, req, computed, junction) : 0;
-}
-
 /* prepare: adopt the hit (save_new_computed_blocks), or release skipped blocks. */
 int
 hkv_group_prepare(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, PyObject *hit,
                   Py_ssize_t junction)
 {
     if (hit == NULL || PyList_GET_SIZE(hit) == 0)
-        return hkv_group_release_skipped(g, req, computed, junction);
+        return hkv_group_release_skipped(pool, g, req, computed, junction);
     PyObject *held = blocks_of(g, req);
     if (held != NULL && PyList_GET_SIZE(held)) {
         PyErr_Format(PyExc_AssertionError, "%S already holds blocks", RID(req));
@@ -454,101 +365,3 @@ hkv_group_limits(Group *g, PyObject *req, Py_ssize_t *max_tokens, Py_ssize_t *ma
     return FAILED(*max_computed) ? -1 : 0;
 }
 
-/* ---- free ---------------------------------------------------------------------- */
-
-/* d.pop(key, None) as a new reference (NULL: absent, or an error). */
-static PyObject *
-dict_pop(PyObject *d, PyObject *key)
-{
-    PyObject *v = PyDict_GetItemWithError(d, key);
-    if (v == NULL)
-        return NULL;
-    Py_INCREF(v);
-    if (PyDict_DelItem(d, key) < 0)
-        Py_CLEAR(v);
-    return v;
-}
-
-static PyObject *
-call_component(Group *g, PyObject *name, PyObject *method, PyObject *arg)
-{
-    PyObject *component = PyObject_GetAttr(g->manager, name);
-    if (component == NULL)
-        return NULL;
-    PyObject *out = PyObject_CallMethodOneArg(component, method, arg);
-    Py_DECREF(component);
-    if (out != NULL && !PyList_Check(out)) {
-        Py_DECREF(out);
-        PyErr_Format(PyExc_TypeError, "%U() must return a list", method);
-        return NULL;
-    }
-    return out;
-}
-
-static inline int
-non_empty(PyObject *list)
-{
-    return list != NULL && PyList_GET_SIZE(list) > 0;
-}
-
-/* The release order of free: the request's blocks tail first, then the retained ones. */
-static PyObject *
-release_order(PyObject *blocks, PyObject *retained)
-{
-    PyObject *order = PyList_New(0);
-    PyObject *parts[2] = {blocks, retained};
-    for (int p = 0; p < 2 && order != NULL; p++) {
-        PyObject *part = parts[p];
-        for (Py_ssize_t i = part ? PyList_GET_SIZE(part) - 1 : -1; i >= 0; i--)
-            if (PyList_Append(order, PyList_GET_ITEM(part, i)) < 0) {
-                Py_CLEAR(order);
-                break;
-            }
-    }
-    return order;
-}
-
-/* SingleTypeManager.free: return all the request's blocks, tail first, then
- * the retained ones; the type's rules rate them and give back protection. */
-int
-hkv_group_free(Pool *pool, Group *g, PyObject *req, Py_ssize_t junction)
-{
-    PyObject *rid = RID(req), *retained = NULL, *requeue = NULL, *order = NULL;
-    int rc = -1;
-    PyObject *blocks = dict_pop(g->req_to_blocks, rid);
-    if (PyErr_Occurred())
-        goto done;
-    PyObject *cached = dict_pop(g->num_cached_blocks, rid);
-    Py_XDECREF(cached);
-    if (PyErr_Occurred())
-        goto done;
-    if (blocks != NULL && !PyList_Check(blocks)) {
-        PyErr_SetString(PyExc_TypeError, "a request's blocks must be a list");
-        goto done;
-    }
-    if ((g->retains && !(retained = call_component(g, hkv_names.retention, hkv_names.pop, rid))) ||
-        (g->protects && !(requeue = call_component(g, hkv_names.protection, hkv_names.unprotect, rid))))
-        goto done;
-    if (non_empty(blocks) && g->rates) {
-        PyObject *out = hkv_call(g->manager, hkv_names.rate_released,
-                                 (PyObject *[]){HKV_O(req), HKV_N(junction), HKV_O(blocks),
-                                                HKV_N(0), HKV_N(PyList_GET_SIZE(blocks))}, 5);
-        if (out == NULL)
-            goto done;
-        Py_DECREF(out);
-    }
-    if (non_empty(blocks) || non_empty(retained) || non_empty(requeue)) {
-        order = release_order(blocks, retained);
-        if (order == NULL || hkv_pool_free(pool, order, requeue) < 0)
-            goto done;
-    }
-    PyObject *skipped = dict_pop(g->num_skipped, rid);
-    Py_XDECREF(skipped);
-    rc = PyErr_Occurred() ? -1 : 0;
-done:
-    Py_XDECREF(blocks);
-    Py_XDECREF(retained);
-    Py_XDECREF(requeue);
-    Py_XDECREF(order);
-    return rc;
-}

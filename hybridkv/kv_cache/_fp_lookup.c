@@ -1,4 +1,4 @@
-/* The hit search in C: each built-in type's `find_longest_cache_hit`
+/* get_computed_blocks in C (`_lookup`, after the facade's checks) and the hit search: each built-in type's `find_longest_cache_hit`
  * (the managers' modules) and the hybrid fixed point of
  * HybridCoordinator.find_longest_cache_hit, which is the reference: full
  * attention is searched once, then the other groups shrink the length in
@@ -280,3 +280,92 @@ done:
     PyMem_Free(hits);
     return out;
 }
+
+/* ---- get_computed_blocks ------------------------------------------------------------ */
+
+static int
+stats_add(ManagerObject *self, Py_ssize_t num_tokens, Py_ssize_t length, Py_ssize_t matched,
+          Py_ssize_t *group_lengths)
+{
+    PyObject *stats = self->stats;
+    if (hkv_add_to_attr(stats, hkv_names.requests, 1) < 0 ||
+        hkv_add_to_attr(stats, hkv_names.queries, num_tokens) < 0 ||
+        hkv_add_to_attr(stats, hkv_names.hits, length) < 0 ||
+        hkv_add_to_attr(stats, hkv_names.stranded_tokens, matched - length) < 0)
+        return -1;
+    PyObject *group_hits = PyObject_GetAttr(stats, hkv_names.group_hits);
+    int rc = group_hits == NULL || !PyList_Check(group_hits) ? -1 : 0;
+    for (Py_ssize_t g = 0; rc == 0 && g < self->num_groups; g++)
+        rc = hkv_add_to_item(group_hits, g, group_lengths[g]);
+    if (group_hits != NULL && rc < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "group_hits must be a list");
+    Py_XDECREF(group_hits);
+    return rc;
+}
+
+/* The junction: recorded per request object, and on the Held of a held one. */
+static int
+note_junction(ManagerObject *self, RequestObject *req, Py_ssize_t matched)
+{
+    PyObject *value = PyLong_FromSsize_t(matched);
+    if (value == NULL)
+        return -1;
+    int rc = PyObject_SetItem(self->junctions, (PyObject *)req, value);
+    Py_DECREF(value);
+    HeldObject *held;
+    if (rc < 0 || hkv_held_entry(self, req, &held) < 0)
+        return -1;
+    if (held != NULL)
+        held->junction = matched;
+    return 0;
+}
+
+static PyObject *
+lookup(ManagerObject *self, RequestObject *req)
+{
+    PyObject *hashes = hkv_block_hashes(self, (PyObject *)req);
+    if (hashes == NULL)
+        return NULL;
+    PyObject *out = NULL, *blocks = NULL;
+    Py_ssize_t num_tokens = PyList_GET_SIZE(req->all_token_ids), length, matched;
+    Py_ssize_t *group_lengths = PyMem_Calloc(self->num_groups, sizeof(Py_ssize_t));
+    if (group_lengths == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    blocks = hkv_find_hit(self, hashes, num_tokens - 1, &length, &matched, group_lengths);
+    if (blocks == NULL || note_junction(self, req, matched) < 0 ||
+        stats_add(self, num_tokens, length, matched, group_lengths) < 0)
+        goto done;
+    if (length == 0 && PyList_GET_SIZE(hashes)) {
+        PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, hkv_names.note_repeated_miss,
+                                                PyList_GET_ITEM(hashes, 0));
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    PyObject *hit = hkv_new_blocks(self, blocks);
+    blocks = NULL;
+    if (hit != NULL)
+        out = Py_BuildValue("(Nn)", hit, length);
+done:
+    Py_XDECREF(blocks);
+    PyMem_Free(group_lengths);
+    Py_DECREF(hashes);
+    return out;
+}
+
+/* _lookup(request): get_computed_blocks after its checks (a Request, caching on). */
+PyObject *
+hkv_manager_lookup(ManagerObject *self, PyObject *request)
+{
+    RequestObject *req = (RequestObject *)request;
+    if (!self->native || !self->caching || self->request_type == NULL ||
+        !PyObject_TypeCheck(request, (PyTypeObject *)self->request_type) ||
+        req->all_token_ids == NULL || !PyList_CheckExact(req->all_token_ids) ||
+        PyList_GET_SIZE(req->all_token_ids) == 0 || self->stats == NULL ||
+        self->junctions == NULL)
+        return PyObject_CallMethodOneArg((PyObject *)self, hkv_names.lookup_py, request);
+    return lookup(self, req);
+}
+

@@ -72,6 +72,12 @@ hkv_init_names(void)
     INTERN(evicted, "evicted");
     INTERN(h_mm, "_mm");
     INTERN(get, "get");
+    INTERN(protect, "protect");
+    INTERN(init_checked, "_init_checked");
+    INTERN(cache_salt, "cache_salt");
+    INTERN(lora_name, "lora_name");
+    INTERN(mm_hashes, "mm_hashes");
+    INTERN(max_tokens, "max_tokens");
     INTERN(hex, "hex");
     INTERN(append_checked, "_append_checked");
     INTERN(h_salt, "_salt");

@@ -13,6 +13,13 @@ is_token(PyObject *obj)
 {
     if (!PyLong_CheckExact(obj))
         return 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)obj))
+        return PyUnstable_Long_CompactValue((PyLongObject *)obj) >= 0;  /* below 2**30 */
+#else
+    if (Py_SIZE(obj) == 0 || Py_SIZE(obj) == 1)  /* one 30-bit digit, non-negative */
+        return 1;
+#endif
     unsigned long v = PyLong_AsUnsignedLong(obj);
     if (v == (unsigned long)-1 && PyErr_Occurred()) {
         PyErr_Clear();
@@ -47,6 +54,75 @@ PyDoc_STRVAR(request_append_doc,
 "Append generated token(s); their blocks are hashed when they fill.\n"
 "\n"
 "Raises ValueError (appending nothing) for ids not in [0, 2**32).");
+
+/* A copy of `prompt` (a list or tuple) when every item is a token id; else NULL. */
+static PyObject *
+copy_tokens(PyObject *prompt)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(prompt);
+    PyObject **items = PySequence_Fast_ITEMS(prompt);
+    PyObject *copy = PyList_New(n);
+    for (Py_ssize_t i = 0; copy != NULL && i < n; i++) {
+        if (!is_token(items[i])) {
+            Py_CLEAR(copy);
+            break;
+        }
+        PyList_SET_ITEM(copy, i, Py_NewRef(items[i]));
+    }
+    return copy;
+}
+
+/* Request(request_id, prompt_token_ids) with a non-empty str id and a non-empty
+ * list or tuple of token ids, no keys: set here. 1 done, 0 not this case, -1 error. */
+static int
+init_plain(RequestObject *self, PyObject *args, PyObject *kwds)
+{
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds)) || PyTuple_GET_SIZE(args) != 2)
+        return 0;
+    PyObject *rid = PyTuple_GET_ITEM(args, 0), *prompt = PyTuple_GET_ITEM(args, 1);
+    if (!PyUnicode_CheckExact(rid) || PyUnicode_GET_LENGTH(rid) == 0 ||
+        !(PyList_CheckExact(prompt) || PyTuple_CheckExact(prompt)) ||
+        PySequence_Fast_GET_SIZE(prompt) == 0)
+        return 0;
+    PyObject *tokens = copy_tokens(prompt);
+    if (tokens == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *size = PyLong_FromSsize_t(PyList_GET_SIZE(tokens)), *zero = PyLong_FromLong(0);
+    PyObject *empty = PyTuple_New(0);
+    if (size == NULL || zero == NULL || empty == NULL) {
+        Py_DECREF(tokens);
+        Py_XDECREF(size);
+        Py_XDECREF(zero);
+        Py_XDECREF(empty);
+        return -1;
+    }
+    Py_XSETREF(self->all_token_ids, tokens);
+    Py_XSETREF(self->request_id, Py_NewRef(rid));
+    Py_XSETREF(self->num_prompt_tokens, size);
+    Py_XSETREF(self->num_computed_tokens, zero);
+    Py_XSETREF(self->hasher, Py_NewRef(Py_None));
+    int rc = PyObject_SetAttr((PyObject *)self, hkv_names.cache_salt, Py_None) < 0 ||
+             PyObject_SetAttr((PyObject *)self, hkv_names.lora_name, Py_None) < 0 ||
+             PyObject_SetAttr((PyObject *)self, hkv_names.mm_hashes, empty) < 0 ||
+             PyObject_SetAttr((PyObject *)self, hkv_names.max_tokens, Py_None) < 0 ? -1 : 1;
+    Py_DECREF(empty);
+    return rc;
+}
+
+static int
+request_init(RequestObject *self, PyObject *args, PyObject *kwds)
+{
+    int rc = init_plain(self, args, kwds);
+    if (rc != 0)
+        return rc < 0 ? -1 : 0;
+    PyObject *init = PyObject_GetAttr((PyObject *)self, hkv_names.init_checked);
+    if (init == NULL)
+        return -1;
+    PyObject *out = PyObject_Call(init, args, kwds);
+    Py_DECREF(init);
+    Py_XDECREF(out);
+    return out == NULL ? -1 : 0;
+}
 
 static PyObject *
 request_num_tokens(RequestObject *self, void *Py_UNUSED(closure))
@@ -117,6 +193,7 @@ PyTypeObject HKV_RequestCoreType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = PyDoc_STR("Base of Request: its token ids and progress (see fastpath.py)."),
     .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)request_init,
     .tp_dealloc = (destructor)request_dealloc,
     .tp_traverse = (traverseproc)request_traverse,
     .tp_clear = (inquiry)request_clear,

@@ -75,6 +75,12 @@ class RequestCore:
     num_computed_tokens: int
     num_prompt_tokens: int
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._init_checked(*args, **kwargs)
+
+    def _init_checked(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError
+
     def append_output_token_ids(self, token_ids: Any) -> None:
         """Append generated token(s); their blocks are hashed when they fill.
 

@@ -31,10 +31,14 @@ class Request(RequestBase):
 
     __slots__ = ("cache_salt", "lora_name", "mm_hashes", "max_tokens")
 
-    def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *,
-                 cache_salt: str | bytes | None = None, lora_name: str | None = None,
-                 mm_hashes: Sequence[MultiModalItem] | None = None,
-                 max_tokens: int | None = None, vocab_size: int | None = None) -> None:
+    # __init__: RequestCore's (a str id and a list or tuple of token ids, no keys, in C
+    # when built), which calls this for any other call (and to raise):
+    def _init_checked(self, request_id: str, prompt_token_ids: Sequence[int], *,
+                      cache_salt: str | bytes | None = None, lora_name: str | None = None,
+                      mm_hashes: Sequence[MultiModalItem] | None = None,
+                      max_tokens: int | None = None, vocab_size: int | None = None) -> None:
+        """Request(request_id, prompt_token_ids, *, cache_salt=None, lora_name=None,
+        mm_hashes=None, max_tokens=None, vocab_size=None), checked."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         if type(prompt_token_ids) is not list and (isinstance(prompt_token_ids, str | bytes)
