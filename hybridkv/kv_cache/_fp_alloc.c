@@ -126,6 +126,8 @@ fits(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_
             return -1;
         need += n;
     }
+    if (need <= 0)
+        return 1;
     Py_ssize_t num_free = hkv_pool_num_free(&self->pool);
     if (num_free < 0)
         return -1;
@@ -228,5 +230,9 @@ hkv_allocate(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssiz
         Py_DECREF(new_blocks);
         return NULL;
     }
-    return hkv_new_blocks(self, new_blocks);
+    for (Py_ssize_t g = 0; g < self->num_groups; g++)
+        if (PyList_GET_SIZE(PyTuple_GET_ITEM(new_blocks, g)))
+            return hkv_new_blocks(self, new_blocks);
+    Py_DECREF(new_blocks);
+    return Py_NewRef(self->no_blocks);  /* no new block: the shared empty result */
 }

@@ -228,7 +228,7 @@ class KVCacheManager(ManagerBase):
         releases a block at `computed`."""
         coordinator, request, junction = self.coordinator, held.request, held.junction
         need = coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit, junction)
-        if need > len(self.pool.free_queue) and not self._make_room(held, need):
+        if need > 0 and need > len(self.pool.free_queue) and not self._make_room(held, need):
             return None
         new_blocks = coordinator.allocate(request, computed, num_tokens, hit, junction,
                                           releases)
@@ -237,6 +237,8 @@ class KVCacheManager(ManagerBase):
         held.max_tokens, held.max_computed = coordinator.cache_blocks(request, hashes,
                                                                       num_tokens)
         self._held[request.request_id] = held
+        if not any(new_blocks):
+            return self._no_blocks  # no new block: the shared empty result
         return KVCacheBlocks(new_blocks)
 
     def _make_room(self, held: _Held, need: int) -> bool:
