@@ -27,17 +27,6 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 _BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError)
 _KV_CACHE = os.path.join("hybridkv", "kv_cache")
-BUILD_ERROR_SUFFIX = ".build-error.txt"  # e.g. _chainhash.build-error.txt
-
-FASTPATH = Extension(
-    "hybridkv.kv_cache._fastpath",
-    sources=[os.path.join(_KV_CACHE, name) for name in (
-        "_fp_module.c", "_fp_types.c", "_fp_request.c", "_fp_manager.c", "_fp_bind.c",
-        "_fp_pool.c", "_fp_group.c", "_fp_release.c", "_fp_alloc.c", "_fp_lookup.c")],
-    depends=[os.path.join(_KV_CACHE, "_fastpath.h")],
-    include_dirs=[_KV_CACHE],
-    optional=True,
-)
 
 CHAINHASH = Extension(
     "hybridkv.kv_cache._chainhash",
@@ -47,14 +36,27 @@ CHAINHASH = Extension(
     include_dirs=[_KV_CACHE],
     optional=True,
 )
-
-
-# extension -> (what it is, what falls back to pure Python when it is missing)
+FASTPATH = Extension(
+    "hybridkv.kv_cache._fastpath",
+    sources=[os.path.join(_KV_CACHE, name) for name in (
+        "_fp_module.c", "_fp_types.c", "_fp_request.c", "_fp_manager.c", "_fp_bind.c",
+        "_fp_pool.c", "_fp_group.c", "_fp_release.c", "_fp_alloc.c", "_fp_lookup.c")],
+    depends=[os.path.join(_KV_CACHE, "_fastpath.h")],
+    include_dirs=[_KV_CACHE],
+    optional=True,
+)
+# what each extension does, and what runs instead when it is missing
 _ROLES = {
-    CHAINHASH.name: ("C hashing extension", "block hashing falls back to pure Python (~7x slower)"),
-    FASTPATH.name: ("C fast-path extension", "the KV cache manager runs its pure-Python reference "
-                    "(several times slower)"),
+    CHAINHASH.name: ("C hashing extension", "block hashing falls back to pure Python (~7x "
+                                            "slower)"),
+    FASTPATH.name: ("C fast-path extension", "the KV cache manager runs its pure-Python "
+                                             "reference (several times slower)"),
 }
+
+
+def build_error_file(ext_name: str) -> str:
+    """The file recording why an extension was not built: `<module>.build-error.txt`."""
+    return ext_name.rpartition(".")[2] + ".build-error.txt"
 
 
 def _banner(ext_name: str, reason: str) -> None:
@@ -87,7 +89,7 @@ class OptionalBuildExt(build_ext):
             if reason is not None:
                 _banner(ext.name, reason)
             for folder in self._module_folders(ext, inplace):
-                _write_marker(folder, ext.name.rpartition(".")[2], reason)
+                _write_marker(os.path.join(folder, build_error_file(ext.name)), reason)
 
     def build_extension(self, ext: Extension) -> None:
         try:
@@ -114,14 +116,13 @@ def _reason(err: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _write_marker(folder: str, module: str, reason: str | None) -> None:
-    """Record `reason` in `folder`, or remove a stale record when the build worked."""
-    path = os.path.join(folder, module + BUILD_ERROR_SUFFIX)
+def _write_marker(path: str, reason: str | None) -> None:
+    """Record `reason` in `path`, or remove a stale record when the build worked."""
     if reason is None:
         if os.path.exists(path):
             os.remove(path)
         return
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(reason + "\n")
 
