@@ -37,8 +37,8 @@ hkv_init_names(void)
     INTERN(free_blocks, "free_blocks");
     INTERN(touch, "touch");
     INTERN(allocate_py, "_allocate_py");
-    INTERN(lookup_py, "_get_computed_blocks_py");
-    INTERN(free_py, "_free_py");
+    INTERN(lookup_py, "_lookup_py");
+    INTERN(free_py, "_release_py");
     INTERN(note_repeated_miss, "_note_repeated_miss");
     INTERN(prune_junctions, "_prune_junctions");
     INTERN(requests, "requests");

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from typing import Any, NamedTuple
 
 DISABLE_ENV = "HYBRIDKV_DISABLE_FASTPATH"
@@ -56,11 +57,26 @@ class FastPathBackend(NamedTuple):
     def describe(self) -> str:
         if self.c_extension:
             return "C extension"
-        return f"pure Python reference, several times slower ({self.reason})"
+        return f"pure Python reference, several times slower: {self.reason}"
 
 
 def fastpath_backend() -> FastPathBackend:
     return FastPathBackend(native is not None, NATIVE_ERROR)
+
+
+_warned = False
+
+
+def warn_if_missing() -> None:
+    """Warn once per process that the extension is missing (not when disabled on purpose)."""
+    global _warned
+    if _warned or native is not None or os.environ.get(DISABLE_ENV) == "1":
+        return
+    _warned = True
+    warnings.warn(f"hybridkv: C fast-path extension not built ({NATIVE_ERROR}); the KV cache "
+                  f"manager runs its pure-Python reference, several times slower. Reinstall "
+                  f"with a C compiler and Python headers, or set {DISABLE_ENV}=1 if this is "
+                  f"intended.", RuntimeWarning, stacklevel=3)
 
 
 class RequestCore:
@@ -144,7 +160,7 @@ class ManagerCore:
 
     _held: dict[str, Any]
     _no_blocks: Any
-    _request_type: type | None = None
+    _request_type: Any = None
     _native = False
 
     def _bind(self, request_type: type, blocks_type: type, pool: Any,
@@ -158,7 +174,19 @@ class ManagerCore:
 
     def allocate_slots(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Any = None) -> Any:
-        """See `KVCacheManager.allocate_slots` (the C method's docstring)."""
+        """Reserve slots for the next `num_new_tokens` tokens after the computed ones.
+
+        `num_new_computed_tokens`/`new_computed_blocks` adopt a hit from
+        `get_computed_blocks` (for a request that holds no blocks). Returns the
+        newly allocated blocks per group, or None, with no state change at all,
+        when the pool can't supply them now: other requests hold blocks, wait
+        for them (or preempt one).
+
+        Raises ValueError, changing nothing, for counts past the request's
+        tokens, a hit that does not match, or an allocation the pool could not
+        supply even with no other request holding blocks: waiting would never
+        help (`can_fit` tells beforehand whether a request fits at all).
+        """
         if type(num_new_computed_tokens) is int and num_new_computed_tokens == 0 \
                 and self._request_type is not None and isinstance(request, self._request_type):
             held = self._held.get(request.request_id)

@@ -49,11 +49,12 @@ REPEATED_MISS_WARNING = 3
 
 
 if TYPE_CHECKING:
-    BlocksBase, ManagerBase, _Held = fastpath.BlocksCore, fastpath.ManagerCore, fastpath.Held
-elif native is not None:
-    BlocksBase, ManagerBase, _Held = native.BlocksCore, native.ManagerCore, native.Held
-else:
-    BlocksBase, ManagerBase, _Held = fastpath.BlocksCore, fastpath.ManagerCore, fastpath.Held
+    BlocksBase = fastpath.BlocksCore
+    ManagerBase = fastpath.ManagerCore
+    _Held = fastpath.Held
+else:  # the C extension's types when built, else the Python reference
+    _core = native if native is not None else fastpath
+    BlocksBase, ManagerBase, _Held = _core.BlocksCore, _core.ManagerCore, _core.Held
 
 
 class KVCacheBlocks(BlocksBase):
@@ -123,6 +124,7 @@ class KVCacheManager(ManagerBase):
         if not isinstance(kv_cache_config, KVCacheConfig):
             raise ValueError(f"kv_cache_config must be a KVCacheConfig, "
                              f"got {type(kv_cache_config).__name__}")
+        fastpath.warn_if_missing()
         self.hash_algo = check_hash_algo(hash_algo)
         self.enable_caching = bool(enable_caching)
         self.config = kv_cache_config
