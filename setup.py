@@ -30,8 +30,9 @@ _KV_CACHE = os.path.join("hybridkv", "kv_cache")
 
 CHAINHASH = Extension(
     "hybridkv.kv_cache._chainhash",
-    sources=[os.path.join(_KV_CACHE, "_chainhash.c"), os.path.join(_KV_CACHE, "_sha256.c")],
-    depends=[os.path.join(_KV_CACHE, "_sha256.h"),
+    sources=[os.path.join(_KV_CACHE, name)
+             for name in ("_chainhash.c", "_sha256.c", "_hashmemo.c")],
+    depends=[os.path.join(_KV_CACHE, "_sha256.h"), os.path.join(_KV_CACHE, "_hashmemo.h"),
              os.path.join(_KV_CACHE, "_vendor", "xxhash.h")],
     include_dirs=[_KV_CACHE],
     optional=True,

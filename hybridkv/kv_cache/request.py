@@ -85,7 +85,8 @@ class Request(RequestBase):
         """Hashes of every full block so far (computed once, then extended)."""
         hasher = self.hasher
         if hasher is None or hasher.block_size != block_size or hasher.hash_algo != hash_algo:
-            hasher = self.hasher = BlockHasher(hash_algo, block_size, cache_salt=self.cache_salt,
+            hasher = self.hasher = BlockHasher(hash_algo, block_size, memo=True,
+                                               cache_salt=self.cache_salt,
                                                lora_name=self.lora_name, mm_items=self.mm_hashes)
         return hasher.extend(self.all_token_ids)
 

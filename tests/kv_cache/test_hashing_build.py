@@ -28,7 +28,7 @@ from hybridkv.kv_cache import hashing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KV_CACHE = os.path.join(ROOT, "hybridkv", "kv_cache")
-SOURCES = ("_chainhash.c", "_sha256.c", "_sha256.h")
+SOURCES = ("_chainhash.c", "_sha256.c", "_sha256.h", "_hashmemo.c", "_hashmemo.h")
 
 
 @pytest.fixture
