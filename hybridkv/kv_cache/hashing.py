@@ -63,9 +63,9 @@ def _load_extension() -> tuple[Any, str | None]:
 
 
 _chainhash, EXTENSION_ERROR = _load_extension()
-_chain = getattr(_chainhash, "chain", None)
+_chain: Any = getattr(_chainhash, "chain", None)
 # (a build older than this module has no memo: requests' hashers use chain)
-_chain_cached = getattr(_chainhash, "chain_cached", _chain)
+_chain_cached: Any = getattr(_chainhash, "chain_cached", _chain)
 # (None with a build older than this module: the checks then run in Python)
 _max_token = getattr(_chainhash, "max_token", None)
 _warned_fallback = False
