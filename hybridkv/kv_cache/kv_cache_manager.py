@@ -178,12 +178,12 @@ class KVCacheManager(ManagerBase):
         for g, n in enumerate(hit.group_lengths):
             stats.group_hits[g] += n
         if num_tokens == 0 and hashes:
-            self._note_repeated_miss(hashes[0])
+            self._note_repeated_miss(hashes[0], stacklevel=4)  # (a frame more than C's)
         return KVCacheBlocks(hit.blocks), num_tokens
 
-    def _note_repeated_miss(self, first_hash: bytes) -> None:
+    def _note_repeated_miss(self, first_hash: bytes, stacklevel: int = 3) -> None:
         """Count prompt starts that keep missing (reuse is being lost); warn the
-        first time unless told not to."""
+        first time unless told not to (at the caller of get_computed_blocks)."""
         misses = self._missed_prefixes
         count = misses.get(first_hash, 0) + 1
         if len(misses) >= 4096 and first_hash not in misses:
@@ -200,7 +200,7 @@ class KVCacheManager(ManagerBase):
                 f"too small for the working set, or blocks are evicted before reuse (see "
                 f"prefix_cache_stats: evictions, stranded_tokens; this warning is issued once "
                 f"per manager, warn_repeated_misses=False turns it off)", RuntimeWarning,
-                stacklevel=3)
+                stacklevel=stacklevel)
 
     # ---- allocation ----------------------------------------------------------
 

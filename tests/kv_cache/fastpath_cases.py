@@ -12,7 +12,9 @@ reference): they must be equal.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -184,8 +186,18 @@ def decode_cases(kv: KVCacheManager, req: Request, token: int) -> list:
     return out
 
 
+def warning_cases() -> list:
+    """The repeated-miss warning names the caller of get_computed_blocks."""
+    kv = _manager([FullAttentionSpec(4), SlidingWindowSpec(4, sliding_window=5)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(3):
+            kv.get_computed_blocks(Request(f"w{i}", list(range(12))))
+    return [[w.category.__name__, os.path.basename(w.filename)] for w in caught]
+
+
 def observe() -> list:
-    return [request_cases(), allocate_cases(), custom_manager_cases()]
+    return [request_cases(), allocate_cases(), custom_manager_cases(), warning_cases()]
 
 
 if __name__ == "__main__":
