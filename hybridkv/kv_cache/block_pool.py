@@ -16,6 +16,7 @@ map only when it is taken for new data.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.events import (
@@ -31,10 +32,15 @@ from hybridkv.kv_cache.eviction import (
     Rating,
     make_eviction_policy,
 )
+from hybridkv.kv_cache.fastpath import native
 
 
-class Block:
-    """One block record. `block_hash`/`group_id` are set while it caches data."""
+class PyBlock:
+    """One block record. `block_hash`/`group_id` are set while it caches data.
+
+    The pure-Python reference of `_fastpath.Block`, which is `Block` when the
+    C extension is built (same fields, read and written as attributes).
+    """
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "group_id", "num_hits", "value_hint",
                  "queue_slot", "__weakref__")
@@ -53,6 +59,15 @@ class Block:
     def __repr__(self) -> str:
         h = self.block_hash.hex()[:8] if self.block_hash else None
         return f"Block({self.block_id}, ref={self.ref_cnt}, hash={h})"
+
+
+if TYPE_CHECKING:
+    Block = PyBlock
+elif native is not None:
+    native.configure(NORMAL_VALUE)
+    Block = native.Block
+else:
+    Block = PyBlock
 
 
 class BlockPool:
