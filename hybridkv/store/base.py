@@ -17,6 +17,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from hybridkv.store.codec import encode_blocks
+from hybridkv.store.payload import BlockLayout
+
 
 class StoreError(Exception):
     """The store could not serve a call (down, timed out, I/O failure)."""
@@ -63,6 +68,15 @@ class KVStore(ABC):
         larger than the whole store is skipped. Raises StoreError.
         """
 
+    def put_blocks(self, layout: BlockLayout, key_prefix: bytes, hashes: Sequence[bytes],
+                   data: np.ndarray) -> int:
+        """Store a batch of KV blocks of one group: block i (`data[:, i]`, uint8
+        `[num_layers, n, layer_bytes]`) encoded (`payload.encode_block`) under
+        `key_prefix + hashes[i]`, as `put` does. Stores may do it in one call
+        (the cpu store does: no per-block Python objects but the values)."""
+        keys = [key_prefix + h for h in hashes]
+        return self.put(keys, encode_blocks(layout, keys, data))
+
     @abstractmethod
     def get(self, keys: Sequence[bytes]) -> list[bytes]:
         """Payloads of the longest stored prefix of `keys` (refreshing them).
@@ -82,6 +96,14 @@ class KVStore(ABC):
                 break
             n += 1
         return n
+
+    def prefix_length_blocks(self, key_prefix: bytes, hashes: Sequence[bytes]) -> int:
+        """`prefix_length` of the keys `key_prefix + h` (stores may skip building them)."""
+        return self.prefix_length([key_prefix + h for h in hashes])
+
+    def contains_blocks(self, key_prefix: bytes, hashes: Sequence[bytes]) -> list[bool]:
+        """`contains` of the keys `key_prefix + h` (stores may skip building them)."""
+        return self.contains([key_prefix + h for h in hashes])
 
     @abstractmethod
     def delete(self, keys: Sequence[bytes]) -> int:

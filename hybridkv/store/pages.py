@@ -132,7 +132,7 @@ class SimulatedPages:
         return 1, self.layer_bytes, "uint8"
 
     def gather(self, group_id: int, block_ids: Sequence[int]) -> np.ndarray:
-        return self.data[group_id, list(block_ids)][None]
+        return self.data[group_id].take(block_ids, axis=0)[None]
 
     def scatter(self, group_id: int, block_ids: Sequence[int], blocks: Sequence[Buffer]) -> None:
         for block_id, data in zip(block_ids, blocks):

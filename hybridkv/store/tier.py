@@ -34,6 +34,7 @@ from hybridkv.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from hybridkv.kv_cache.managers.base import Lookup
 from hybridkv.kv_cache.request import Request
 from hybridkv.store.base import KVStore, StoreStats
+from hybridkv.store.codec import eviction_recorder
 from hybridkv.store.guard import StoreGuard
 from hybridkv.store.keys import KeySpace
 from hybridkv.store.pages import PageIO
@@ -74,18 +75,21 @@ class KVTier:
         self._stats = KVStoreStats(url=store.describe(),
                                    groups=[GroupTierStats() for _ in self.managers])
         self._lock = threading.Lock()  # stats written by the writer thread
-        self.writer = BackgroundWriter(self.guard, self.layouts, self._on_written,
-                                       max_pending_bytes=max_pending_bytes)
-        # (group, hash, block id) of blocks evicted since `before_step` / cached since
-        # `after_step` (write-through)
+        self.writer = BackgroundWriter(self.guard, self.layouts, self.keys.prefixes,
+                                       self._on_written, max_pending_bytes=max_pending_bytes)
+        # per group, the hashes and block ids of blocks evicted since `before_step`,
+        # noted by the pool's eviction hook (write-behind)
         self._evicted_hashes: list[list[bytes]] = [[] for _ in self.managers]
         self._evicted_ids: list[list[int]] = [[] for _ in self.managers]
-        self._num_evicted = 0
+        # (group, hash, block id) of blocks cached since `after_step` (write-through)
         self._computed: list[tuple[int, bytes, int]] = []
         self._importing = False
-        kv.on_evict(self._on_evict)
         if self.write_through:
             kv.subscribe(self._on_event)
+        else:  # `Selection.worth_storing` of each evicted block, one call for all of them
+            kv.on_evict(eviction_recorder(self.selection.always, int(LOW_VALUE),
+                                          [t.sets for t in self.selection.tails],
+                                          self._evicted_hashes, self._evicted_ids))
 
     # ---- in: hits through the store ----------------------------------------------
 
@@ -161,7 +165,7 @@ class KVTier:
             asked += [(g, h) for h in m.group_hashes(hashes, upper // m.block_size)
                       if h not in table]
         if asked:
-            present = self._held([self.keys.key(g, h) for g, h in asked])
+            present = self._held(asked)
             for (g, h), ok in zip(asked, present):
                 if ok:
                     found[g].add(h)
@@ -184,28 +188,31 @@ class KVTier:
         """How many leading blocks of a full-attention group the pool, the writer's
         backlog or the store hold, from `start` on; adds the ones only the latter
         two hold to `found`. One store query per run of blocks the store holds."""
-        table = self.kv.pool.cached[group_id]
-        keys = self.keys.keys(group_id, hashes[start:])
+        table, pending = self.kv.pool.cached[group_id], self.writer.pending(group_id)
         n = start
         while n < len(hashes):
-            if hashes[n] in table:
+            block_hash = hashes[n]
+            if block_hash in table:
                 n += 1
-            elif self.writer.has(keys[n - start]):
-                found.add(hashes[n])
+            elif block_hash in pending:
+                found.add(block_hash)
                 n += 1
             else:
-                stored = self.guard.prefix_length(keys[n - start:])
+                stored = self.guard.prefix_length_blocks(self.keys.prefixes[group_id],
+                                                         hashes[n:])
                 if not stored:
                     break
                 found.update(hashes[n:n + stored])
                 n += stored
         return n
 
-    def _held(self, keys: Sequence[bytes]) -> list[bool]:
-        out = [self.writer.has(k) for k in keys]
+    def _held(self, blocks: Sequence[tuple[int, bytes]]) -> list[bool]:
+        """Whether the writer's backlog or the store holds each (group, hash)."""
+        out = [self.writer.has(g, h) for g, h in blocks]
         ask = [i for i, held in enumerate(out) if not held]
         if ask:
-            for i, present in zip(ask, self.guard.contains([keys[i] for i in ask])):
+            keys = [self.keys.key(*blocks[i]) for i in ask]
+            for i, present in zip(ask, self.guard.contains(keys)):
                 out[i] = present
         return out
 
@@ -240,8 +247,7 @@ class KVTier:
         for j, slot in enumerate(slots):
             by_group.setdefault(slot.group_id, []).append(j)
         for g, js in by_group.items():
-            keys = [self.keys.key(g, slots[j].block_hash) for j in js]
-            data = self._read(g, keys)
+            data = self._read(g, [slots[j].block_hash for j in js])
             ok = [i for i, d in enumerate(data) if d is not None]
             if not ok:
                 continue
@@ -255,12 +261,13 @@ class KVTier:
             stats.read_bytes += len(ok) * self.layouts[g].data_bytes
         return loaded
 
-    def _read(self, group_id: int, keys: list[bytes]) -> list[bytes | memoryview | None]:
-        """Checked block data per key (None: not available or rejected)."""
-        data: list[bytes | memoryview | None] = [self.writer.read(k) for k in keys]
+    def _read(self, group_id: int, hashes: list[bytes]) -> list[bytes | memoryview | None]:
+        """Checked block data per hash (None: not available or rejected)."""
+        data: list[bytes | memoryview | None] = [self.writer.read(group_id, h) for h in hashes]
         ask = [i for i, d in enumerate(data) if d is None]
         if not ask:
             return data
+        keys = self.keys.keys(group_id, hashes)
         values = self.guard.get([keys[i] for i in ask])
         layout = self.layouts[group_id]
         for i, value in zip(ask, values):
@@ -278,34 +285,20 @@ class KVTier:
 
     # ---- out: evicted (or computed) blocks to the store -------------------------------
 
-    def _on_evict(self, blocks: list[Block]) -> None:
-        """The pool takes these cached blocks for new data: note the ones worth
-        storing; `before_step` copies them out before anything overwrites them."""
-        if self.write_through:
-            return  # written when computed
-        hashes, ids = self._evicted_hashes, self._evicted_ids
-        always, tails, low = self.selection.always, self.selection.tails, LOW_VALUE
-        for block in blocks:  # `Selection.worth_storing`, inlined: a call per block counts
-            g = block.group_id
-            if always[g] or block.value_hint != low or block.block_hash in tails[g]:
-                hashes[g].append(block.block_hash)
-                ids[g].append(block.block_id)
-        self._num_evicted += len(blocks)
-
     def before_step(self) -> None:
         """Copy out the blocks evicted since the last call and hand them to the
         writer. The engine calls this after scheduling, before the model step
         writes into the blocks the pool handed out (and the tier before it loads
         blocks into new ones): one copy per group per step."""
-        if not self._num_evicted:
-            return
-        self._num_evicted = 0
+        batches = []
         for g, (hashes, ids) in enumerate(zip(self._evicted_hashes, self._evicted_ids)):
             if hashes:
                 hashes.reverse()  # the chains' heads first: a request's tail is evicted first
                 ids.reverse()
-                self.writer.submit(g, self.keys.keys(g, hashes), self.pages.gather(g, ids))
+                batches.append((g, hashes, self.pages.gather(g, ids)))
                 self._evicted_hashes[g], self._evicted_ids[g] = [], []
+        if batches:
+            self.writer.submit_many(batches)
 
     def after_step(self) -> None:
         """Write-through: store the blocks cached since the last step (the step
@@ -321,8 +314,8 @@ class KVTier:
             hashes, ids = by_group.setdefault(g, ([], []))
             hashes.append(block_hash)
             ids.append(block_id)
-        for g, (hashes, ids) in by_group.items():
-            self.writer.submit(g, self.keys.keys(g, hashes), self.pages.gather(g, ids))
+        self.writer.submit_many([(g, hashes, self.pages.gather(g, ids))
+                                 for g, (hashes, ids) in by_group.items()])
 
     def _on_event(self, event: BlockEvent) -> None:
         if type(event) is BlockStored and not self._importing:

@@ -96,13 +96,15 @@ def test_writer_encodes_blocks_readable_before_and_after_writing():
     layout, data = layout_and_data()
     store = CpuStore(1 << 20)
     written = []
-    writer = BackgroundWriter(StoreGuard(store), [layout], lambda *a: written.append(a))
-    keys = [b"a", b"b", b"c"]
-    assert writer.submit(0, keys, data)
-    assert writer.read(b"b") in (None, data[:, 1].tobytes())  # pending, or written already
+    writer = BackgroundWriter(StoreGuard(store), [layout], [b"p:"],
+                              lambda *a: written.append(a))
+    hashes = [b"a", b"b", b"c"]
+    assert writer.submit(0, hashes, data)
+    assert writer.read(0, b"b") in (None, data[:, 1].tobytes())  # pending, or written already
     assert writer.flush(10)
-    assert not writer.has(b"b") and writer.read(b"b") is None
-    for i, key in enumerate(keys):
+    assert not writer.has(0, b"b") and writer.read(0, b"b") is None
+    for i, h in enumerate(hashes):
+        key = b"p:" + h
         assert bytes(decode_block(layout, key, store.get([key])[0])) == data[:, i].tobytes()
     assert sum(a[1] for a in written) == 3
     writer.close()
@@ -111,9 +113,10 @@ def test_writer_encodes_blocks_readable_before_and_after_writing():
 def test_writer_drops_past_its_memory_bound():
     layout, data = layout_and_data()
     store = CpuStore(1 << 20)
-    writer = BackgroundWriter(StoreGuard(store), [layout], lambda *a: None,
+    writer = BackgroundWriter(StoreGuard(store), [layout], [b""], lambda *a: None,
                               max_pending_bytes=data.nbytes - 1)
-    assert not writer.submit(0, [b"a", b"b", b"c"], data)
+    with pytest.warns(RuntimeWarning, match="backlog is full.*dropped_blocks"):
+        assert not writer.submit(0, [b"a", b"b", b"c"], data)
     assert writer.dropped_blocks == 3 and writer.flush(10) and store.stats().keys == 0
     writer.close()
 
