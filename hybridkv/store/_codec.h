@@ -18,7 +18,9 @@ void hkv_encode_value(char *value, const char *head, Py_ssize_t head_len, const 
                       size_t key_len, const char *src, Py_ssize_t n, Py_ssize_t i,
                       Py_ssize_t num_layers, Py_ssize_t layer_bytes);
 
-/* Add the LruTable type to the module; 0 or -1 with an exception set */
+/* Add the LruTable / EvictionRecorder type to the module; 0 or -1 with an
+ * exception set */
 int hkv_add_lrutable(PyObject *module);
+int hkv_add_recorder(PyObject *module);
 
 #endif

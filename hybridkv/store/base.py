@@ -59,6 +59,9 @@ class KVStore(ABC):
 
     #: the URL scheme, e.g. "cpu"
     scheme: str = ""
+    #: puts do no I/O and return at once (memory only): a tier may write a small
+    #: batch from the engine's thread instead of handing it to its writer thread
+    inline_writes: bool = False
 
     @abstractmethod
     def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:

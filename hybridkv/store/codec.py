@@ -12,8 +12,7 @@ run in Python, giving the same bytes and choices (tests compare).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -66,31 +65,43 @@ def contiguous_blocks(layout: BlockLayout, n: int, data: np.ndarray) -> np.ndarr
     return np.ascontiguousarray(data)
 
 
-def eviction_recorder(always: list[bool], low: int, tails: list[Any],
-                      hashes_out: list[list[bytes]], ids_out: list[list[int]]
-                      ) -> Callable[[Sequence[Any]], int]:
-    """`record(blocks)`, the pool's eviction hook: of these evicted blocks, note
-    those worth storing: a block of group g when `always[g]`, its `value_hint`
-    is not `low`, or its hash is in `tails[g]` (a set, a tuple of sets, or
-    None); its hash goes to `hashes_out[g]` (the list there when called), its
-    id to `ids_out[g]`. Returns how many. (C: no Python frame per call.)"""
-    if _codec is not None:
-        return _codec.EvictionRecorder(always, low, tails, hashes_out, ids_out)  # type: ignore[no-any-return]
-    return partial(record_evicted_python, always, low, tails, hashes_out, ids_out)
+def eviction_recorder(always: list[bool], low: int, tails: list[Any]) -> Any:
+    """The pool's eviction hook of a tier: `record(blocks)` keeps, of these
+    evicted blocks, those worth storing: a block of group g when `always[g]`,
+    its `value_hint` is not `low`, or its hash is in `tails[g]` (a set, a tuple
+    of sets, or None). `take(g)` returns the group's kept (hashes, ids: native
+    int64 bytes), most recently evicted first, and empties them;
+    `num_recorded` counts what is not taken yet. (C: no Python frame per call,
+    no Python object per block.)"""
+    cls = _codec.EvictionRecorder if _codec is not None else PyEvictionRecorder
+    return cls(always, low, tails)
 
 
-def record_evicted_python(always: list[bool], low: int, tails: list[Any],
-                          hashes_out: list[list[bytes]], ids_out: list[list[int]],
-                          blocks: Sequence[Any]) -> int:
+class PyEvictionRecorder:
     """The recorder in Python (the reference of the C path)."""
-    kept = 0
-    for block in blocks:
-        g, block_hash = block.group_id, block.block_hash
-        if always[g] or block.value_hint != low or _in_tails(tails[g], block_hash):
-            hashes_out[g].append(block_hash)
-            ids_out[g].append(block.block_id)
-            kept += 1
-    return kept
+
+    def __init__(self, always: list[bool], low: int, tails: list[Any]) -> None:
+        if len(tails) != len(always):
+            raise ValueError("EvictionRecorder: one tails entry per group needed")
+        self.always, self.low, self.tails = list(always), low, tails
+        self._hashes: list[list[bytes]] = [[] for _ in always]
+        self._ids: list[list[int]] = [[] for _ in always]
+        self.num_recorded = 0
+
+    def __call__(self, blocks: Sequence[Any]) -> None:
+        for block in blocks:
+            g, block_hash = block.group_id, block.block_hash
+            if self.always[g] or block.value_hint != self.low \
+                    or _in_tails(self.tails[g], block_hash):
+                self._hashes[g].append(block_hash)
+                self._ids[g].append(block.block_id)
+                self.num_recorded += 1
+
+    def take(self, group_id: int) -> tuple[list[bytes], bytes]:
+        hashes, ids = self._hashes[group_id][::-1], self._ids[group_id][::-1]
+        self._hashes[group_id], self._ids[group_id] = [], []
+        self.num_recorded -= len(ids)
+        return hashes, np.array(ids, dtype=np.int64).tobytes()
 
 
 def _in_tails(sets: Any, block_hash: bytes) -> bool:

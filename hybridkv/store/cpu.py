@@ -9,10 +9,12 @@ import numpy as np
 
 from hybridkv.store.base import KVStore, StoreStats
 from hybridkv.store.codec import contiguous_blocks, lru_table_class
+from hybridkv.store.lru import LruDict
 from hybridkv.store.payload import BlockLayout
 
 # bytes a stored entry costs beyond its key and value (table slot, bytes headers)
 ENTRY_OVERHEAD = 96
+_DIRECT_QUERIES = ("get", "contains", "prefix_length", "prefix_length_blocks", "contains_blocks")
 
 
 class CpuStore(KVStore):
@@ -32,6 +34,7 @@ class CpuStore(KVStore):
     """
 
     scheme = "cpu"
+    inline_writes = True
 
     def __init__(self, capacity_bytes: int) -> None:
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) \
@@ -39,8 +42,15 @@ class CpuStore(KVStore):
             raise ValueError(f"cpu store: size must be a positive number of bytes, "
                              f"got {capacity_bytes!r}")
         self.capacity_bytes = capacity_bytes
-        self._table = lru_table_class()(capacity_bytes, ENTRY_OVERHEAD)
+        table = self._table = lru_table_class()(capacity_bytes, ENTRY_OVERHEAD)
         self._lock = threading.Lock()
+        if not isinstance(table, LruDict):
+            # the C table's calls hold the GIL throughout, so each is atomic: queries
+            # go to it straight, without a Python frame or the lock (unless a
+            # subclass overrides them)
+            for name in _DIRECT_QUERIES:
+                if getattr(type(self), name) is getattr(CpuStore, name):
+                    setattr(self, name, getattr(table, name))
 
     def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
         if len(keys) != len(values):

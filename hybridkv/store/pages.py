@@ -27,6 +27,7 @@ from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.specs import AttentionSpec, MambaSpec
 
 Buffer = bytes | bytearray | memoryview
+BlockIds = Sequence[int] | np.ndarray  # (an int64 array from the eviction recorder)
 
 _WORDS = {8: (torch.int64, np.dtype(np.int64)), 4: (torch.int32, np.dtype(np.int32)),
           2: (torch.int16, np.dtype(np.int16)), 1: (torch.uint8, np.dtype(np.uint8))}
@@ -38,7 +39,7 @@ class PageIO(Protocol):
     def layout(self, group_id: int) -> tuple[int, int, str]:
         """(num_layers, layer_bytes, dtype name) of one block of the group."""
 
-    def gather(self, group_id: int, block_ids: Sequence[int]) -> np.ndarray:
+    def gather(self, group_id: int, block_ids: BlockIds) -> np.ndarray:
         """A copy of these blocks, uint8 `[num_layers, n, layer_bytes]`."""
 
     def scatter(self, group_id: int, block_ids: Sequence[int], blocks: Sequence[Buffer]) -> None:
@@ -87,10 +88,11 @@ class TorchPages:
     def layout(self, group_id: int) -> tuple[int, int, str]:
         return self._layouts[group_id]
 
-    def gather(self, group_id: int, block_ids: Sequence[int]) -> np.ndarray:
+    def gather(self, group_id: int, block_ids: BlockIds) -> np.ndarray:
         num_layers, used, _ = self._layouts[group_id]
         word = self._words[group_id][0]
-        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        index = torch.as_tensor(np.array(block_ids, dtype=np.int64),
+                                device=self.device)
         out = torch.empty((num_layers, len(block_ids), used // word.itemsize), dtype=word)
         for layer, pages in enumerate(self._pages[group_id]):
             if self.device.type == "cpu":
@@ -131,7 +133,7 @@ class SimulatedPages:
     def layout(self, group_id: int) -> tuple[int, int, str]:
         return 1, self.layer_bytes, "uint8"
 
-    def gather(self, group_id: int, block_ids: Sequence[int]) -> np.ndarray:
+    def gather(self, group_id: int, block_ids: BlockIds) -> np.ndarray:
         return self.data[group_id].take(block_ids, axis=0)[None]
 
     def scatter(self, group_id: int, block_ids: Sequence[int], blocks: Sequence[Buffer]) -> None:

@@ -26,6 +26,8 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from hybridkv.kv_cache.block_pool import Block
 from hybridkv.kv_cache.events import BlockEvent, BlockStored
 from hybridkv.kv_cache.eviction import LOW_VALUE
@@ -37,11 +39,15 @@ from hybridkv.store.base import KVStore, StoreStats
 from hybridkv.store.codec import eviction_recorder
 from hybridkv.store.guard import StoreGuard
 from hybridkv.store.keys import KeySpace
-from hybridkv.store.pages import PageIO
+from hybridkv.store.pages import Buffer, PageIO
 from hybridkv.store.payload import BlockLayout, PayloadError, decode_block
 from hybridkv.store.selection import Selection
 from hybridkv.store.stats import GroupTierStats, KVStoreStats
-from hybridkv.store.writer import DEFAULT_MAX_PENDING_BYTES, BackgroundWriter
+from hybridkv.store.writer import (
+    DEFAULT_INLINE_BYTES,
+    DEFAULT_MAX_PENDING_BYTES,
+    BackgroundWriter,
+)
 
 
 class TierHit(NamedTuple):
@@ -61,7 +67,8 @@ class KVTier:
 
     def __init__(self, kv: KVCacheManager, store: KVStore, pages: PageIO, fingerprint: bytes,
                  *, write_through: bool = False, select: str = "hybrid",
-                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 inline_write_bytes: int = DEFAULT_INLINE_BYTES) -> None:
         self.kv = kv
         self.managers = kv.coordinator.managers
         self.store = store
@@ -76,20 +83,19 @@ class KVTier:
                                    groups=[GroupTierStats() for _ in self.managers])
         self._lock = threading.Lock()  # stats written by the writer thread
         self.writer = BackgroundWriter(self.guard, self.layouts, self.keys.prefixes,
-                                       self._on_written, max_pending_bytes=max_pending_bytes)
-        # per group, the hashes and block ids of blocks evicted since `before_step`,
-        # noted by the pool's eviction hook (write-behind)
-        self._evicted_hashes: list[list[bytes]] = [[] for _ in self.managers]
-        self._evicted_ids: list[list[int]] = [[] for _ in self.managers]
+                                       self._on_written, max_pending_bytes=max_pending_bytes,
+                                       inline_bytes=inline_write_bytes)
         # (group, hash, block id) of blocks cached since `after_step` (write-through)
         self._computed: list[tuple[int, bytes, int]] = []
         self._importing = False
-        if self.write_through:
+        # write-behind: the pool's eviction hook notes the evicted blocks worth storing
+        # (`Selection.worth_storing`) until `before_step` copies them out
+        self.recorder = None if self.write_through else eviction_recorder(
+            self.selection.always, int(LOW_VALUE), [t.sets for t in self.selection.tails])
+        if self.recorder is None:
             kv.subscribe(self._on_event)
-        else:  # `Selection.worth_storing` of each evicted block, one call for all of them
-            kv.on_evict(eviction_recorder(self.selection.always, int(LOW_VALUE),
-                                          [t.sets for t in self.selection.tails],
-                                          self._evicted_hashes, self._evicted_ids))
+        else:
+            kv.on_evict(self.recorder)
 
     # ---- in: hits through the store ----------------------------------------------
 
@@ -228,37 +234,49 @@ class KVTier:
         imp = self.kv.begin_import(hit, wanted)
         if imp is None:  # (not after the caller's check: holding frees nothing)
             return False
-        self.before_step()  # blocks the import took may hold evicted data: copy it out first
-        t0, c0 = time.perf_counter(), time.thread_time()
         self._importing = True
         try:
-            loaded = self._load(imp.slots)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            fetched = self._fetch(imp.slots)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            # the blocks the import took may hold evicted data: copy it out before
+            # loading into them (after the reads: storing it may push the wanted
+            # blocks out of a small store)
+            self.before_step()
+            t2, c2 = time.perf_counter(), time.thread_time()
+            loaded = self._scatter(imp.slots, fetched)
             self.kv.end_import(imp, loaded)
         finally:
             self._importing = False
-        self._stats.load_seconds += time.perf_counter() - t0
-        self._stats.load_cpu_seconds += time.thread_time() - c0
+        self._stats.load_seconds += t1 - t0 + time.perf_counter() - t2
+        self._stats.load_cpu_seconds += c1 - c0 + time.thread_time() - c2
         return any(loaded)
 
-    def _load(self, slots: Sequence[ImportSlot]) -> list[bool]:
-        """Read, check and copy in each slot's block; which ones arrived."""
-        loaded = [False] * len(slots)
+    def _fetch(self, slots: Sequence[ImportSlot]) -> dict[int, tuple[list[int], list[Buffer]]]:
+        """Per group, the slots whose block arrived (read and checked) and its data."""
         by_group: dict[int, list[int]] = {}
         for j, slot in enumerate(slots):
             by_group.setdefault(slot.group_id, []).append(j)
+        out: dict[int, tuple[list[int], list[Buffer]]] = {}
         for g, js in by_group.items():
             data = self._read(g, [slots[j].block_hash for j in js])
-            ok = [i for i, d in enumerate(data) if d is not None]
-            if not ok:
-                continue
-            self.pages.scatter(g, [slots[js[i]].block.block_id for i in ok],
-                               [data[i] for i in ok])  # type: ignore[misc]
-            for i in ok:
-                loaded[js[i]] = True
+            got = [(j, d) for j, d in zip(js, data) if d is not None]
+            if got:
+                out[g] = ([j for j, _ in got], [d for _, d in got])
+        return out
+
+    def _scatter(self, slots: Sequence[ImportSlot],
+                 fetched: dict[int, tuple[list[int], list[Buffer]]]) -> list[bool]:
+        """Copy the fetched blocks into their slots' pool blocks; which slots got one."""
+        loaded = [False] * len(slots)
+        for g, (js, data) in fetched.items():
+            self.pages.scatter(g, [slots[j].block.block_id for j in js], data)
+            for j in js:
+                loaded[j] = True
             stats = self._stats.groups[g]
-            stats.loaded_blocks += len(ok)
-            stats.loaded_tokens += len(ok) * self.managers[g].block_size
-            stats.read_bytes += len(ok) * self.layouts[g].data_bytes
+            stats.loaded_blocks += len(js)
+            stats.loaded_tokens += len(js) * self.managers[g].block_size
+            stats.read_bytes += len(js) * self.layouts[g].data_bytes
         return loaded
 
     def _read(self, group_id: int, hashes: list[bytes]) -> list[bytes | memoryview | None]:
@@ -290,15 +308,15 @@ class KVTier:
         writer. The engine calls this after scheduling, before the model step
         writes into the blocks the pool handed out (and the tier before it loads
         blocks into new ones): one copy per group per step."""
+        recorder = self.recorder
+        if recorder is None or not recorder.num_recorded:
+            return
         batches = []
-        for g, (hashes, ids) in enumerate(zip(self._evicted_hashes, self._evicted_ids)):
+        for g in range(len(self.managers)):
+            hashes, ids = recorder.take(g)  # the chains' heads first
             if hashes:
-                hashes.reverse()  # the chains' heads first: a request's tail is evicted first
-                ids.reverse()
-                batches.append((g, hashes, self.pages.gather(g, ids)))
-                self._evicted_hashes[g], self._evicted_ids[g] = [], []
-        if batches:
-            self.writer.submit_many(batches)
+                batches.append((g, hashes, self.pages.gather(g, np.frombuffer(ids, np.int64))))
+        self.writer.submit_many(batches)
 
     def after_step(self) -> None:
         """Write-through: store the blocks cached since the last step (the step

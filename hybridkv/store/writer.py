@@ -11,6 +11,12 @@ still a store hit.
 Memory is bounded: past `max_pending_bytes` of unwritten data new batches
 are dropped, not queued: counted (`dropped_blocks`, in the tier's stats)
 and warned about once.
+
+A store that does no I/O (`KVStore.inline_writes`: the cpu store) gets the
+blocks of a step straight from the caller when they come to at most
+`inline_bytes` and nothing is queued: encoding and storing a few KiB costs
+less than handing them to the thread (a lock, a wake-up, the thread taking
+the GIL from the engine's). Larger steps go through the thread.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from hybridkv.store.guard import StoreGuard
 from hybridkv.store.payload import HEADER_BYTES, BlockLayout
 
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
+# a step's evicted blocks up to this many bytes are written inline (when the store allows)
+DEFAULT_INLINE_BYTES = 64 << 10
 # one store call takes at most this many blocks and bytes (queued batches of a group
 # are merged up to that)
 MAX_BLOCKS_PER_PUT = 1024
@@ -36,6 +44,7 @@ MAX_BYTES_PER_PUT = 16 << 20
 WAKE_BLOCKS = 256
 WAKE_BYTES = 4 << 20
 WAKE_SECONDS = 0.05
+IDLE_LOOKS = 20
 
 
 class _Batch:
@@ -67,7 +76,8 @@ class BackgroundWriter:
     def __init__(self, guard: StoreGuard, layouts: Sequence[BlockLayout],
                  key_prefixes: Sequence[bytes],
                  on_written: Callable[[int, int, int, float], None], *,
-                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 inline_bytes: int = DEFAULT_INLINE_BYTES) -> None:
         if len(key_prefixes) != len(layouts):
             raise ValueError(f"{len(key_prefixes)} key prefixes for {len(layouts)} groups")
         self.guard = guard
@@ -75,6 +85,8 @@ class BackgroundWriter:
         self.key_prefixes = list(key_prefixes)
         self.on_written = on_written
         self.max_pending_bytes = max_pending_bytes
+        self.inline_bytes = inline_bytes if guard.store.inline_writes else 0
+        self.inline_blocks = 0  # blocks written by the caller's thread (see above)
         self.dropped_blocks = 0
         self.cpu_seconds = 0.0  # the thread's CPU time writing
         self._queue: deque[_Batch] = deque()
@@ -83,6 +95,7 @@ class BackgroundWriter:
         self._pending: list[dict[bytes, _Batch]] = [{} for _ in self.layouts]
         self._pending_bytes = 0
         self._busy = False
+        self._asleep = True  # waiting for a submit to wake it (see _run)
         self._writing: list[_Batch] = []  # the batches the thread is writing
         self._flushing = False
         self._first_queued = 0.0  # when the oldest queued batch arrived
@@ -100,14 +113,21 @@ class BackgroundWriter:
         return self.submit_many([(group_id, hashes, data)]) == 1
 
     def submit_many(self, batches: Sequence[tuple[int, list[bytes], np.ndarray]]) -> int:
-        """`submit` several batches at once; how many were queued."""
+        """`submit` several batches at once; how many were taken (written or queued)."""
+        if self.inline_bytes and sum(b[2].nbytes for b in batches) <= self.inline_bytes:
+            with self._cond:
+                inline = not (self._queue or self._busy or self._closed)
+            if inline:  # (the engine's thread alone submits: nothing is queued meanwhile)
+                for group_id, hashes, data in batches:
+                    self._write_inline(group_id, hashes, data)
+                return len(batches)
         queued = 0
         with self._cond:
             for group_id, hashes, data in batches:
                 queued += self._queue_batch(_Batch(group_id, hashes, data))
-            if queued and (len(self._queue) == queued or self._queued_blocks >= WAKE_BLOCKS
+            if queued and (self._asleep or self._queued_blocks >= WAKE_BLOCKS
                            or self._pending_bytes >= WAKE_BYTES):
-                self._cond.notify()  # the first batches start the thread's timed wait
+                self._cond.notify()
         return queued
 
     def _queue_batch(self, batch: _Batch) -> bool:
@@ -179,14 +199,23 @@ class BackgroundWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
+                idle = 0
                 while not self._ready():
-                    # nothing queued: sleep until a submit; else until the oldest batch
-                    # has waited WAKE_SECONDS (a lone batch is written that late at most)
-                    left = None if not self._queue else \
-                        self._first_queued + WAKE_SECONDS - time.monotonic()
-                    if left is not None and left <= 0:
-                        break
-                    self._cond.wait(left)
+                    # a batch is written once WAKE_BLOCKS or WAKE_BYTES wait, or when the
+                    # oldest has waited WAKE_SECONDS; the thread looks every WAKE_SECONDS
+                    # (a submit wakes it only past those bounds: each wake-up costs the
+                    # engine's thread a switch of the GIL) and sleeps for good after
+                    # IDLE_LOOKS looks at an empty queue (then a submit wakes it)
+                    if self._queue:
+                        left = self._first_queued + WAKE_SECONDS - time.monotonic()
+                        if left <= 0:
+                            break
+                    else:
+                        idle += 1
+                        left = WAKE_SECONDS
+                    self._asleep = idle > IDLE_LOOKS
+                    self._cond.wait(None if self._asleep else left)
+                self._asleep = False
                 if self._closed and not self._queue:
                     return
                 batches = self._take()
@@ -232,13 +261,19 @@ class BackgroundWriter:
         return out
 
     def _write(self, group_id: int, batches: list[_Batch]) -> None:
+        if len(batches) == 1:
+            self._put(group_id, batches[0].hashes, batches[0].data)
+        else:
+            self._put(group_id, [h for batch in batches for h in batch.hashes],
+                      np.concatenate([batch.data for batch in batches], axis=1))
+
+    def _write_inline(self, group_id: int, hashes: list[bytes], data: np.ndarray) -> None:
+        self._put(group_id, hashes, data)
+        self.inline_blocks += len(hashes)
+
+    def _put(self, group_id: int, hashes: list[bytes], data: np.ndarray) -> None:
         t0 = time.perf_counter()
         layout = self.layouts[group_id]
-        if len(batches) == 1:
-            hashes, data = batches[0].hashes, batches[0].data
-        else:
-            hashes = [h for batch in batches for h in batch.hashes]
-            data = np.concatenate([batch.data for batch in batches], axis=1)
         stored = self.guard.put_blocks(layout, self.key_prefixes[group_id], hashes, data)
         if stored:
             self.on_written(group_id, stored, stored * (HEADER_BYTES + layout.data_bytes),

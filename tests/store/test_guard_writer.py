@@ -114,7 +114,7 @@ def test_writer_drops_past_its_memory_bound():
     layout, data = layout_and_data()
     store = CpuStore(1 << 20)
     writer = BackgroundWriter(StoreGuard(store), [layout], [b""], lambda *a: None,
-                              max_pending_bytes=data.nbytes - 1)
+                              max_pending_bytes=data.nbytes - 1, inline_bytes=0)
     with pytest.warns(RuntimeWarning, match="backlog is full.*dropped_blocks"):
         assert not writer.submit(0, [b"a", b"b", b"c"], data)
     assert writer.dropped_blocks == 3 and writer.flush(10) and store.stats().keys == 0
