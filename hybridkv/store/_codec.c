@@ -29,19 +29,100 @@ hkv_hash64(const void *data, size_t len)
     return XXH3_64bits(data, len);
 }
 
-void
-hkv_encode_value(char *value, const char *head, Py_ssize_t head_len, const char *key,
-                 size_t key_len, const char *src, Py_ssize_t n, Py_ssize_t i,
-                 Py_ssize_t num_layers, Py_ssize_t layer_bytes)
+int
+hkv_rows_contiguous(Rows *rows, const char *data, Py_ssize_t n, Py_ssize_t num_layers,
+                    Py_ssize_t layer_bytes)
 {
+    memset(rows, 0, sizeof(*rows));
+    rows->num_layers = num_layers;
+    rows->layer_bytes = layer_bytes;
+    rows->bases = PyMem_Malloc(sizeof(char *) * (size_t)num_layers);
+    rows->strides = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)num_layers);
+    if (!rows->bases || !rows->strides) {
+        hkv_rows_release(rows);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t l = 0; l < num_layers; l++) {
+        rows->bases[l] = data + l * n * layer_bytes;
+        rows->strides[l] = layer_bytes;
+    }
+    return 0;
+}
+
+int
+hkv_rows_pages(Rows *rows, PyObject *views, Py_ssize_t layer_bytes, const int64_t *ids,
+               Py_ssize_t n)
+{
+    memset(rows, 0, sizeof(*rows));
+    if (!PyList_Check(views) || PyList_GET_SIZE(views) < 1) {
+        PyErr_SetString(PyExc_TypeError, "page views must be a non-empty list");
+        return -1;
+    }
+    Py_ssize_t num_layers = PyList_GET_SIZE(views);
+    rows->layer_bytes = layer_bytes;
+    rows->ids = ids;
+    rows->bases = PyMem_Malloc(sizeof(char *) * (size_t)num_layers);
+    rows->strides = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)num_layers);
+    rows->views = PyMem_Calloc((size_t)num_layers, sizeof(Py_buffer));
+    if (!rows->bases || !rows->strides || !rows->views) {
+        hkv_rows_release(rows);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t l = 0; l < num_layers; l++) {
+        Py_buffer *v = &rows->views[l];
+        if (PyObject_GetBuffer(PyList_GET_ITEM(views, l), v, PyBUF_STRIDED_RO) < 0) {
+            hkv_rows_release(rows);
+            return -1;
+        }
+        rows->num_layers = l + 1;  /* (buffers to release) */
+        if (v->ndim != 2 || v->strides[1] != v->itemsize
+                || v->shape[1] * v->itemsize < layer_bytes) {
+            PyErr_Format(PyExc_ValueError, "page view %zd: not 2-D rows of at least %zd "
+                         "contiguous bytes", l, layer_bytes);
+            hkv_rows_release(rows);
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (ids[i] < 0 || ids[i] >= v->shape[0]) {
+                PyErr_Format(PyExc_ValueError, "block id %lld is not a row of page view %zd "
+                             "(%zd rows)", (long long)ids[i], l, v->shape[0]);
+                hkv_rows_release(rows);
+                return -1;
+            }
+        }
+        rows->bases[l] = v->buf;
+        rows->strides[l] = v->strides[0];
+    }
+    return 0;
+}
+
+void
+hkv_rows_release(Rows *rows)
+{
+    for (Py_ssize_t l = 0; rows->views && l < rows->num_layers; l++)
+        PyBuffer_Release(&rows->views[l]);
+    PyMem_Free(rows->views);
+    PyMem_Free(rows->bases);
+    PyMem_Free(rows->strides);
+    rows->views = NULL;
+    rows->bases = NULL;
+    rows->strides = NULL;
+}
+
+void
+hkv_encode_value(char *value, const char *head, Py_ssize_t head_len, uint64_t key_hash,
+                 const Rows *rows, Py_ssize_t i)
+{
+    Py_ssize_t b = rows->layer_bytes, row = rows->ids ? (Py_ssize_t)rows->ids[i] : i;
     char *dst = value + head_len + 8;
-    for (Py_ssize_t l = 0; l < num_layers; l++)
-        memcpy(dst + l * layer_bytes, src + (l * n + i) * layer_bytes, (size_t)layer_bytes);
-    uint64_t sum = XXH3_64bits_withSeed(dst, (size_t)(num_layers * layer_bytes),
-                                        XXH3_64bits(key, key_len));
+    for (Py_ssize_t l = 0; l < rows->num_layers; l++)
+        memcpy(dst + l * b, rows->bases[l] + row * rows->strides[l], (size_t)b);
+    uint64_t sum = XXH3_64bits_withSeed(dst, (size_t)(rows->num_layers * b), key_hash);
     memcpy(value, head, (size_t)head_len);
-    for (int b = 0; b < 8; b++)
-        value[head_len + b] = (char)(sum >> (8 * b));
+    for (int k = 0; k < 8; k++)
+        value[head_len + k] = (char)(sum >> (8 * k));
 }
 
 static PyObject *
@@ -77,16 +158,23 @@ encode(PyObject *Py_UNUSED(self), PyObject *args)
     }
     if (!out)
         goto done;
+    Rows rows;
+    if (hkv_rows_contiguous(&rows, data.buf, n, num_layers, layer_bytes) < 0) {
+        Py_CLEAR(out);
+        goto done;
+    }
     /* the keys are held by the caller's list (the call holds it), the values
      * only by `out`: nothing else reads or frees them while the GIL is out */
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *saved = n * value_bytes >= (64 << 10) ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
         hkv_encode_value(PyBytes_AS_STRING(PyList_GET_ITEM(out, i)), head.buf, head.len,
-                         PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), data.buf, n, i,
-                         num_layers, layer_bytes);
+                         XXH3_64bits(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key)),
+                         &rows, i);
     }
-    Py_END_ALLOW_THREADS
+    if (saved)
+        PyEval_RestoreThread(saved);
+    hkv_rows_release(&rows);
 done:
     PyBuffer_Release(&head);
     PyBuffer_Release(&data);

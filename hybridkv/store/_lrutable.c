@@ -21,6 +21,9 @@
 #include <string.h>
 
 enum { KEY_INLINE = 64, EMPTY = -1 };
+/* batches of up to SMALL_BATCH blocks use stack space; the GIL is let go while
+ * values are filled when they come to RELEASE_GIL_BYTES */
+enum { SMALL_BATCH = 64, RELEASE_GIL_BYTES = 64 << 10 };
 
 typedef struct {
     uint64_t hash;
@@ -32,12 +35,19 @@ typedef struct {
     char inline_key[KEY_INLINE];
 } Entry;
 
+/* a hash table slot: an entry and the low bits of its key's hash (probes and
+ * moves read no entry but the one they find) */
+typedef struct {
+    int32_t index;  /* EMPTY: a free slot */
+    uint32_t tag;
+} Slot;
+
 typedef struct {
     PyObject_HEAD
     Entry *entries;
     int32_t num_alloc;  /* entries allocated */
     int32_t free_head;  /* a free entry, or EMPTY */
-    int32_t *slots;     /* hash table: an entry index or EMPTY */
+    Slot *slots;        /* the hash table */
     size_t mask;        /* slots - 1 (a power of two minus one) */
     Py_ssize_t count;
     int32_t oldest, newest;
@@ -60,52 +70,67 @@ typedef struct {
 static int32_t
 find(LruTable *t, const char *key, size_t len, uint64_t h)
 {
+    uint32_t tag = (uint32_t)h;
     for (size_t pos = h & t->mask;; pos = (pos + 1) & t->mask) {
-        int32_t i = t->slots[pos];
-        if (i == EMPTY)
+        Slot slot = t->slots[pos];
+        if (slot.index == EMPTY)
             return EMPTY;
-        Entry *e = &t->entries[i];
+        if (slot.tag != tag)
+            continue;
+        Entry *e = &t->entries[slot.index];
         if (e->hash == h && e->key_len == len && memcmp(KEY(e), key, len) == 0)
-            return i;
+            return slot.index;
     }
 }
 
 static void
 slot_insert(LruTable *t, int32_t i)
 {
-    size_t pos = t->entries[i].hash & t->mask;
-    while (t->slots[pos] != EMPTY)
+    uint32_t tag = (uint32_t)t->entries[i].hash;
+    size_t pos = tag & t->mask;
+    while (t->slots[pos].index != EMPTY)
         pos = (pos + 1) & t->mask;
-    t->slots[pos] = i;
+    t->slots[pos].index = i;
+    t->slots[pos].tag = tag;
 }
 
 static void
 slot_remove(LruTable *t, int32_t i)
 {
     size_t mask = t->mask, pos = t->entries[i].hash & mask;
-    while (t->slots[pos] != i)
+    while (t->slots[pos].index != i)
         pos = (pos + 1) & mask;
-    /* backward shift: move up each later entry of the run that may live at pos */
-    for (size_t j = (pos + 1) & mask; t->slots[j] != EMPTY; j = (j + 1) & mask) {
-        size_t home = t->entries[t->slots[j]].hash & mask;
+    /* backward shift: move up each later slot of the run that may live at pos */
+    for (size_t j = (pos + 1) & mask; t->slots[j].index != EMPTY; j = (j + 1) & mask) {
+        size_t home = t->slots[j].tag & mask;
         if (((j - home) & mask) >= ((j - pos) & mask)) {
             t->slots[pos] = t->slots[j];
             pos = j;
         }
     }
-    t->slots[pos] = EMPTY;
+    t->slots[pos].index = EMPTY;
+}
+
+static Slot *
+new_slots(size_t size)
+{
+    Slot *slots = PyMem_Malloc(size * sizeof(Slot));
+    if (!slots) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (size_t i = 0; i < size; i++)
+        slots[i].index = EMPTY;
+    return slots;
 }
 
 static int
 grow_slots(LruTable *t)
 {
     size_t size = (t->mask + 1) * 2;
-    int32_t *slots = PyMem_Malloc(size * sizeof(int32_t));
-    if (!slots) {
-        PyErr_NoMemory();
+    Slot *slots = new_slots(size);
+    if (!slots)
         return -1;
-    }
-    memset(slots, 0xff, size * sizeof(int32_t));  /* EMPTY */
     PyMem_Free(t->slots);
     t->slots = slots;
     t->mask = size - 1;
@@ -214,17 +239,16 @@ insert_new(LruTable *t, const char *key, size_t len, uint64_t h, PyObject *value
     return 0;
 }
 
-/* Store `value` (a new reference, stolen) under the key: 1 stored, 0 skipped
- * (larger than the table), -1 on error */
+/* Store `value` (a new reference, stolen) under the key, whose hash is `h`:
+ * 1 stored, 0 skipped (larger than the table), -1 on error */
 static int
-put_one(LruTable *t, const char *key, size_t len, PyObject *value)
+put_one(LruTable *t, const char *key, size_t len, uint64_t h, PyObject *value)
 {
     Py_ssize_t cost = (Py_ssize_t)len + PyBytes_GET_SIZE(value) + (Py_ssize_t)t->overhead;
     if (cost > t->capacity) {
         Py_DECREF(value);
         return 0;
     }
-    uint64_t h = hkv_hash64(key, len);
     int32_t i = find(t, key, len, h);
     if (i != EMPTY) {  /* replace and refresh */
         Entry *e = &t->entries[i];
@@ -308,7 +332,9 @@ lru_put(LruTable *t, PyObject *args)
     for (Py_ssize_t i = n - 1; i >= 0; i--) {  /* tail first: the head ends most recent */
         PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
         Py_INCREF(value);
-        int r = put_one(t, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), value);
+        size_t len = (size_t)PyBytes_GET_SIZE(key);
+        int r = put_one(t, PyBytes_AS_STRING(key), len, hkv_hash64(PyBytes_AS_STRING(key), len),
+                        value);
         if (r < 0)
             break;
         stored += r;
@@ -322,6 +348,81 @@ done:
     return result;
 }
 
+/* Store block i of `rows` encoded under prefix + hashes[i] (a list of bytes),
+ * for each i, as put does (tail first, then evict); how many were stored, or
+ * -1 with an exception set. Copies and checksums run without the GIL. */
+static Py_ssize_t
+put_rows(LruTable *t, const Py_buffer *head, const Py_buffer *prefix, PyObject *hashes,
+         const Rows *rows)
+{
+    Py_ssize_t n = PyList_GET_SIZE(hashes), made = 0, stored = -1;
+    Py_ssize_t value_bytes = head->len + 8 + rows->num_layers * rows->layer_bytes;
+    size_t max_key = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t len = (size_t)prefix->len + (size_t)PyBytes_GET_SIZE(PyList_GET_ITEM(hashes, i));
+        max_key = len > max_key ? len : max_key;
+    }
+    /* keys (prefix + hash) side by side, each in max_key bytes; on the stack
+     * for the usual small batch */
+    char key_space[SMALL_BATCH * 2 * KEY_INLINE];
+    size_t len_space[SMALL_BATCH];
+    uint64_t hash_space[SMALL_BATCH];
+    PyObject *value_space[SMALL_BATCH];
+    int small = n <= SMALL_BATCH && max_key <= 2 * KEY_INLINE;
+    char *keys = small ? key_space : PyMem_Malloc(max_key * (size_t)n + 1);
+    size_t *key_lens = small ? len_space : PyMem_Malloc(sizeof(size_t) * (size_t)n + 1);
+    uint64_t *key_hashes = small ? hash_space : PyMem_Malloc(sizeof(uint64_t) * (size_t)n + 1);
+    PyObject **values = small ? value_space : PyMem_Malloc(sizeof(PyObject *) * (size_t)n + 1);
+    if (!keys || !key_lens || !key_hashes || !values) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; made < n; made++) {
+        PyObject *h = PyList_GET_ITEM(hashes, made);
+        char *key = keys + max_key * (size_t)made;
+        memcpy(key, prefix->buf, (size_t)prefix->len);
+        memcpy(key + prefix->len, PyBytes_AS_STRING(h), (size_t)PyBytes_GET_SIZE(h));
+        key_lens[made] = (size_t)prefix->len + (size_t)PyBytes_GET_SIZE(h);
+        values[made] = PyBytes_FromStringAndSize(NULL, value_bytes);
+        if (!values[made])
+            goto done;
+    }
+    /* the values are ours alone until stored: fill them without the GIL (when
+     * there is enough to fill to be worth letting another thread run) */
+    PyThreadState *saved = n * value_bytes >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        key_hashes[i] = hkv_hash64(keys + max_key * (size_t)i, key_lens[i]);
+        hkv_encode_value(PyBytes_AS_STRING(values[i]), head->buf, head->len, key_hashes[i],
+                         rows, i);
+    }
+    if (saved)
+        PyEval_RestoreThread(saved);
+    stored = 0;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {  /* tail first: the head ends most recent */
+        PyObject *value = values[i];
+        values[i] = NULL;
+        made--;  /* (the values after i are stored or freed) */
+        int r = put_one(t, keys + max_key * (size_t)i, key_lens[i], key_hashes[i], value);
+        if (r < 0) {
+            stored = -1;
+            break;
+        }
+        stored += r;
+    }
+    evict(t);
+done:
+    if (values)
+        for (Py_ssize_t i = 0; i < made; i++)
+            Py_XDECREF(values[i]);
+    if (!small) {
+        PyMem_Free(values);
+        PyMem_Free(keys);
+        PyMem_Free(key_lens);
+        PyMem_Free(key_hashes);
+    }
+    return stored;
+}
+
 static PyObject *
 lru_put_encoded(LruTable *t, PyObject *args)
 {
@@ -332,74 +433,79 @@ lru_put_encoded(LruTable *t, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*Oy*nn", &head, &prefix, &hashes_arg, &data, &num_layers,
                           &layer_bytes))
         return NULL;
-    PyObject *result = NULL, *hashes = NULL, **values = NULL;
-    char *keys = NULL;
-    size_t *key_lens = NULL;
-    Py_ssize_t n = 0, made = 0;
-    hashes = bytes_list(hashes_arg, "hashes");
+    PyObject *result = NULL, *hashes = bytes_list(hashes_arg, "hashes");
+    Rows rows = {0};
     if (!hashes)
         goto done;
-    n = PyList_GET_SIZE(hashes);
-    Py_ssize_t block_bytes = num_layers * layer_bytes;
-    if (num_layers < 1 || layer_bytes < 0 || data.len != n * block_bytes) {
+    Py_ssize_t n = PyList_GET_SIZE(hashes);
+    if (num_layers < 1 || layer_bytes < 0 || data.len != n * num_layers * layer_bytes) {
         PyErr_Format(PyExc_ValueError, "put_encoded: %zd data bytes for %zd blocks of %zd x %zd",
                      data.len, n, num_layers, layer_bytes);
         goto done;
     }
-    /* keys (prefix + hash) side by side, each at most max_key bytes */
-    size_t max_key = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        size_t len = (size_t)prefix.len + (size_t)PyBytes_GET_SIZE(PyList_GET_ITEM(hashes, i));
-        max_key = len > max_key ? len : max_key;
-    }
-    keys = PyMem_Malloc(max_key * (size_t)n + 1);
-    key_lens = PyMem_Malloc(sizeof(size_t) * (size_t)n + 1);
-    values = PyMem_Malloc(sizeof(PyObject *) * (size_t)n + 1);
-    if (!keys || !key_lens || !values) {
-        PyErr_NoMemory();
+    if (hkv_rows_contiguous(&rows, data.buf, n, num_layers, layer_bytes) < 0)
         goto done;
-    }
-    for (; made < n; made++) {
-        PyObject *h = PyList_GET_ITEM(hashes, made);
-        char *key = keys + max_key * (size_t)made;
-        memcpy(key, prefix.buf, (size_t)prefix.len);
-        memcpy(key + prefix.len, PyBytes_AS_STRING(h), (size_t)PyBytes_GET_SIZE(h));
-        key_lens[made] = (size_t)prefix.len + (size_t)PyBytes_GET_SIZE(h);
-        values[made] = PyBytes_FromStringAndSize(NULL, head.len + 8 + block_bytes);
-        if (!values[made])
-            goto done;
-    }
-    /* the values are ours alone until stored: fill them without the GIL */
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)
-        hkv_encode_value(PyBytes_AS_STRING(values[i]), head.buf, head.len,
-                         keys + max_key * (size_t)i, key_lens[i], data.buf, n, i, num_layers,
-                         layer_bytes);
-    Py_END_ALLOW_THREADS
-    Py_ssize_t stored = 0;
-    for (Py_ssize_t i = n - 1; i >= 0; i--) {
-        PyObject *value = values[i];
-        values[i] = NULL;
-        made--;  /* (the values after i are stored or freed) */
-        int r = put_one(t, keys + max_key * (size_t)i, key_lens[i], value);
-        if (r < 0)
-            break;
-        stored += r;
-    }
-    evict(t);
-    if (!PyErr_Occurred())
+    Py_ssize_t stored = put_rows(t, &head, &prefix, hashes, &rows);
+    if (stored >= 0)
         result = PyLong_FromSsize_t(stored);
 done:
-    if (values)
-        for (Py_ssize_t i = 0; i < made; i++)
-            Py_XDECREF(values[i]);
-    PyMem_Free(values);
-    PyMem_Free(keys);
-    PyMem_Free(key_lens);
+    hkv_rows_release(&rows);
     Py_XDECREF(hashes);
     PyBuffer_Release(&head);
     PyBuffer_Release(&prefix);
     PyBuffer_Release(&data);
+    return result;
+}
+
+static PyObject *
+lru_put_from_pages(LruTable *t, PyObject *args)
+{
+    CHECK_INIT(t);
+    Py_buffer head, prefix, ids;
+    PyObject *hashes_arg, *views;
+    Py_ssize_t layer_bytes;
+    if (!PyArg_ParseTuple(args, "y*y*Oy*O!n", &head, &prefix, &hashes_arg, &ids, &PyList_Type,
+                          &views, &layer_bytes))
+        return NULL;
+    PyObject *result = NULL, *hashes = bytes_list(hashes_arg, "hashes");
+    Rows rows = {0};
+    if (!hashes)
+        goto done;
+    Py_ssize_t n = PyList_GET_SIZE(hashes);
+    if (ids.len != n * (Py_ssize_t)sizeof(int64_t) || layer_bytes < 0) {
+        PyErr_Format(PyExc_ValueError, "put_from_pages: %zd bytes of ids for %zd blocks "
+                     "(native int64 each)", ids.len, n);
+        goto done;
+    }
+    if (hkv_rows_pages(&rows, views, layer_bytes, (const int64_t *)ids.buf, n) < 0)
+        goto done;
+    Py_ssize_t stored = put_rows(t, &head, &prefix, hashes, &rows);
+    if (stored >= 0)
+        result = PyLong_FromSsize_t(stored);
+done:
+    hkv_rows_release(&rows);
+    Py_XDECREF(hashes);
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&prefix);
+    PyBuffer_Release(&ids);
+    return result;
+}
+
+/* put_from_pages with the header start and layer bytes read from `layout` */
+static PyObject *
+lru_put_pages(LruTable *t, PyObject *args)
+{
+    PyObject *layout, *prefix, *hashes, *ids, *views;
+    if (!PyArg_ParseTuple(args, "OOOOO", &layout, &prefix, &hashes, &ids, &views))
+        return NULL;
+    PyObject *head = PyObject_GetAttrString(layout, "header_start");
+    PyObject *layer_bytes = head ? PyObject_GetAttrString(layout, "layer_bytes") : NULL;
+    PyObject *inner = layer_bytes ? PyTuple_Pack(6, head, prefix, hashes, ids, views,
+                                                 layer_bytes) : NULL;
+    PyObject *result = inner ? lru_put_from_pages(t, inner) : NULL;
+    Py_XDECREF(head);
+    Py_XDECREF(layer_bytes);
+    Py_XDECREF(inner);
     return result;
 }
 
@@ -600,12 +706,9 @@ lru_init(LruTable *t, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "LruTable is initialized once");
         return -1;
     }
-    t->slots = PyMem_Malloc(64 * sizeof(int32_t));
-    if (!t->slots) {
-        PyErr_NoMemory();
+    t->slots = new_slots(64);
+    if (!t->slots)
         return -1;
-    }
-    memset(t->slots, 0xff, 64 * sizeof(int32_t));
     t->mask = 63;
     t->entries = NULL;
     t->num_alloc = 0;
@@ -635,6 +738,12 @@ static PyMethodDef lru_methods[] = {
     {"put_encoded", (PyCFunction)lru_put_encoded, METH_VARARGS,
      "put_encoded(header_start, prefix, hashes, data, num_layers, layer_bytes) -> int:\n"
      "put(prefix + hash, encoded block) for a batch, as _codec.encode builds them"},
+    {"put_from_pages", (PyCFunction)lru_put_from_pages, METH_VARARGS,
+     "put_from_pages(header_start, prefix, hashes, ids, views, layer_bytes) -> int:\n"
+     "put_encoded of the blocks whose pages are row ids[i] (native int64) of each view"},
+    {"put_pages", (PyCFunction)lru_put_pages, METH_VARARGS,
+     "put_pages(layout, prefix, hashes, ids, views) -> int: KVStore.put_pages, with the\n"
+     "header start and layer bytes of a payload.BlockLayout"},
     {"get", (PyCFunction)lru_get, METH_O,
      "get(keys) -> list[bytes]: the values of the longest stored prefix (refreshed)"},
     {"contains", (PyCFunction)lru_contains, METH_O, "contains(keys) -> list[bool]"},

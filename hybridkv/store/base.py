@@ -80,6 +80,17 @@ class KVStore(ABC):
         keys = [key_prefix + h for h in hashes]
         return self.put(keys, encode_blocks(layout, keys, data))
 
+    def put_pages(self, layout: BlockLayout, key_prefix: bytes, hashes: Sequence[bytes],
+                  ids: bytes, views: list[np.ndarray]) -> int:
+        """`put_blocks` of blocks still in the pages: block i is row `ids[i]`
+        (native int64 bytes) of each layer's view (2-D, a row per block id; its
+        first `layout.layer_bytes` bytes are the data). The cpu store encodes
+        them from there, with no copy in between."""
+        rows = np.frombuffer(ids, dtype=np.int64)
+        data = np.stack([v.reshape(v.shape[0], -1).view(np.uint8)[rows, :layout.layer_bytes]
+                         for v in views])
+        return self.put_blocks(layout, key_prefix, hashes, data)
+
     @abstractmethod
     def get(self, keys: Sequence[bytes]) -> list[bytes]:
         """Payloads of the longest stored prefix of `keys` (refreshing them).

@@ -14,7 +14,8 @@ from hybridkv.store.payload import BlockLayout
 
 # bytes a stored entry costs beyond its key and value (table slot, bytes headers)
 ENTRY_OVERHEAD = 96
-_DIRECT_QUERIES = ("get", "contains", "prefix_length", "prefix_length_blocks", "contains_blocks")
+_DIRECT = ("get", "contains", "prefix_length", "prefix_length_blocks", "contains_blocks",
+           "put_pages")
 
 
 class CpuStore(KVStore):
@@ -45,10 +46,10 @@ class CpuStore(KVStore):
         table = self._table = lru_table_class()(capacity_bytes, ENTRY_OVERHEAD)
         self._lock = threading.Lock()
         if not isinstance(table, LruDict):
-            # the C table's calls hold the GIL throughout, so each is atomic: queries
-            # go to it straight, without a Python frame or the lock (unless a
-            # subclass overrides them)
-            for name in _DIRECT_QUERIES:
+            # the C table's calls hold the GIL throughout (but while filling new
+            # values, which nothing else sees), so each is atomic: these go to it
+            # straight, without a Python frame or the lock (unless overridden)
+            for name in _DIRECT:
                 if getattr(type(self), name) is getattr(CpuStore, name):
                     setattr(self, name, getattr(table, name))
 
@@ -76,6 +77,12 @@ class CpuStore(KVStore):
     def prefix_length(self, keys: Sequence[bytes]) -> int:
         with self._lock:
             return self._table.prefix_length(keys)
+
+    def put_pages(self, layout: BlockLayout, key_prefix: bytes, hashes: Sequence[bytes],
+                  ids: bytes, views: list[np.ndarray]) -> int:
+        with self._lock:
+            return self._table.put_from_pages(layout.header_start, key_prefix, hashes, ids,
+                                              views, layout.layer_bytes)
 
     def prefix_length_blocks(self, key_prefix: bytes, hashes: Sequence[bytes]) -> int:
         with self._lock:

@@ -106,6 +106,11 @@ class StoreGuard:
                    data: np.ndarray) -> int:
         return self._call(self.store.put_blocks, (layout, key_prefix, hashes, data), 0, "put")
 
+    def put_pages(self, layout: BlockLayout, key_prefix: bytes, hashes: Sequence[bytes],
+                  ids: bytes, views: list[np.ndarray]) -> int:
+        return self._call(self.store.put_pages, (layout, key_prefix, hashes, ids, views), 0,
+                          "put")
+
     def get(self, keys: Sequence[bytes]) -> list[bytes]:
         return self._call(self.store.get, (keys,), [], "get")
 

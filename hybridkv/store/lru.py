@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+import numpy as np
+
 from hybridkv.store.codec import encode_blocks_raw
 
 
@@ -52,10 +54,17 @@ class LruDict:
         return stored
 
     def put_encoded(self, header_start: bytes, prefix: bytes, hashes: Sequence[bytes],
-                    data: memoryview, num_layers: int, layer_bytes: int) -> int:
+                    data: np.ndarray, num_layers: int, layer_bytes: int) -> int:
         keys = [prefix + h for h in hashes]
         return self.put(keys, encode_blocks_raw(header_start, keys, data, num_layers,
                                                 layer_bytes))
+
+    def put_from_pages(self, header_start: bytes, prefix: bytes, hashes: Sequence[bytes],
+                       ids: bytes, views: list[np.ndarray], layer_bytes: int) -> int:
+        rows = np.frombuffer(ids, dtype=np.int64)
+        data = np.stack([v.reshape(v.shape[0], -1).view(np.uint8)[rows, :layer_bytes]
+                         for v in views])
+        return self.put_encoded(header_start, prefix, hashes, data, len(views), layer_bytes)
 
     def get(self, keys: Sequence[bytes]) -> list[bytes]:
         data, out = self._data, []

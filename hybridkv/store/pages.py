@@ -46,6 +46,11 @@ class PageIO(Protocol):
         """Write each block's data, as stored (its page in each layer, one after
         another: `num_layers * layer_bytes` bytes), into these blocks."""
 
+    def host_views(self, group_id: int) -> list[np.ndarray] | None:
+        """Per layer of the group, a 2-D host array over the pages themselves (a
+        row per block id, the data first), or None when the pages are not in
+        host memory: a store without I/O may encode blocks straight from them."""
+
 
 def group_layout(config: KVCacheConfig, group_id: int) -> tuple[int, int, str]:
     """(num_layers, data bytes of one layer's page, dtype) of a group."""
@@ -101,6 +106,9 @@ class TorchPages:
                 out[layer].copy_(pages.index_select(0, index))
         return out.numpy().view(np.uint8)
 
+    def host_views(self, group_id: int) -> list[np.ndarray] | None:
+        return self._host_pages[group_id] if self._host_pages else None
+
     def scatter(self, group_id: int, block_ids: Sequence[int], blocks: Sequence[Buffer]) -> None:
         num_layers, word = len(self._pages[group_id]), self._words[group_id][1]
         if self.device.type == "cpu":  # row copies straight from the stored bytes
@@ -135,6 +143,9 @@ class SimulatedPages:
 
     def gather(self, group_id: int, block_ids: BlockIds) -> np.ndarray:
         return self.data[group_id].take(block_ids, axis=0)[None]
+
+    def host_views(self, group_id: int) -> list[np.ndarray] | None:
+        return [self.data[group_id]]
 
     def scatter(self, group_id: int, block_ids: Sequence[int], blocks: Sequence[Buffer]) -> None:
         for block_id, data in zip(block_ids, blocks):

@@ -88,6 +88,9 @@ class KVTier:
         # (group, hash, block id) of blocks cached since `after_step` (write-through)
         self._computed: list[tuple[int, bytes, int]] = []
         self._importing = False
+        self._host_views = [getattr(pages, "host_views", lambda g: None)(g)
+                            for g in range(len(self.managers))]
+        self._max_block_bytes = max(layout.data_bytes for layout in self.layouts)
         # write-behind: the pool's eviction hook notes the evicted blocks worth storing
         # (`Selection.worth_storing`) until `before_step` copies them out
         self.recorder = None if self.write_through else eviction_recorder(
@@ -311,12 +314,19 @@ class KVTier:
         recorder = self.recorder
         if recorder is None or not recorder.num_recorded:
             return
+        # a few blocks go to a store without I/O straight from the pages
+        inline = self.writer.inline_ok(recorder.num_recorded * self._max_block_bytes)
         batches = []
-        for g in range(len(self.managers)):
+        for g, views in enumerate(self._host_views):
             hashes, ids = recorder.take(g)  # the chains' heads first
-            if hashes:
+            if not hashes:
+                continue
+            if inline and views is not None:
+                self.writer.write_pages(g, hashes, ids, views)
+            else:
                 batches.append((g, hashes, self.pages.gather(g, np.frombuffer(ids, np.int64))))
-        self.writer.submit_many(batches)
+        if batches:
+            self.writer.submit_many(batches)
 
     def after_step(self) -> None:
         """Write-through: store the blocks cached since the last step (the step

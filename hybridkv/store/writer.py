@@ -112,15 +112,31 @@ class BackgroundWriter:
         `hashes[i]`); False (dropped) when too much is pending."""
         return self.submit_many([(group_id, hashes, data)]) == 1
 
+    def inline_ok(self, num_bytes: int) -> bool:
+        """Whether blocks of `num_bytes` may be written by the caller now (the
+        store allows it, they are few, nothing is queued before them). Only the
+        engine's thread submits, so nothing gets queued between this and the write."""
+        return 0 < num_bytes <= self.inline_bytes \
+            and not (self._queue or self._busy or self._closed)
+
+    def write_pages(self, group_id: int, hashes: list[bytes], ids: bytes,
+                    views: list[np.ndarray]) -> None:
+        """Write blocks inline, encoded straight from the pages (`KVStore.put_pages`;
+        after `inline_ok`)."""
+        t0 = time.perf_counter()
+        layout = self.layouts[group_id]
+        stored = self.guard.put_pages(layout, self.key_prefixes[group_id], hashes, ids, views)
+        self.inline_blocks += len(hashes)
+        if stored:
+            self.on_written(group_id, stored, stored * (HEADER_BYTES + layout.data_bytes),
+                            time.perf_counter() - t0)
+
     def submit_many(self, batches: Sequence[tuple[int, list[bytes], np.ndarray]]) -> int:
         """`submit` several batches at once; how many were taken (written or queued)."""
-        if self.inline_bytes and sum(b[2].nbytes for b in batches) <= self.inline_bytes:
-            with self._cond:
-                inline = not (self._queue or self._busy or self._closed)
-            if inline:  # (the engine's thread alone submits: nothing is queued meanwhile)
-                for group_id, hashes, data in batches:
-                    self._write_inline(group_id, hashes, data)
-                return len(batches)
+        if self.inline_ok(sum(b[2].nbytes for b in batches)):
+            for group_id, hashes, data in batches:
+                self._write_inline(group_id, hashes, data)
+            return len(batches)
         queued = 0
         with self._cond:
             for group_id, hashes, data in batches:
