@@ -186,6 +186,17 @@ class KVCacheManager:
                 f"per manager, warn_repeated_misses=False turns it off)", RuntimeWarning,
                 stacklevel=3)
 
+    def note_reuse_elsewhere(self, request: Request) -> None:
+        """The prompt start of `request`, which its last lookup found nowhere in
+        the pool, is reused from a second tier after all (a KV store): that
+        lookup does not count toward the repeated-miss warning."""
+        hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
+        count = self._missed_prefixes.get(hashes[0], 0) if hashes else 0
+        if count > 1:
+            self._missed_prefixes[hashes[0]] = count - 1
+        elif count:
+            del self._missed_prefixes[hashes[0]]
+
     # ---- allocation ----------------------------------------------------------
 
     def allocate_slots(self, request: Request, num_new_tokens: int,

@@ -130,6 +130,8 @@ class KVTier:
             return pool_hit
         num_new = min(request.num_tokens - reach, budget)
         if kv.num_blocks_to_admit(request, hit, reach, num_new) > kv.num_free_blocks:
+            if can_wait and not num_tokens:  # (the store will serve it: not a miss)
+                kv.note_reuse_elsewhere(request)
             return pool_hit._replace(must_wait=can_wait)
         if not self._import(hit, hashes):  # nothing arrived (gone, damaged, store down)
             return pool_hit
@@ -137,6 +139,8 @@ class KVTier:
         if new_tokens <= num_tokens:
             return pool_hit
         kv.note_junction(request, matched)  # where the prompt now diverges from the cache
+        if not num_tokens:  # the pool's lookup counted a miss the store made good
+            kv.note_reuse_elsewhere(request)
         gained = new_tokens - num_tokens
         self._stats.hit_requests += 1
         self._stats.hit_tokens += gained
