@@ -423,6 +423,24 @@ done:
     return stored;
 }
 
+/* The end of put_encoded and put_from_pages: store the batch `rows` describes
+ * (if `ok`: it was checked and made), then release what the call holds */
+static PyObject *
+finish_put(LruTable *t, Py_buffer *head, Py_buffer *prefix, Py_buffer *data, PyObject *hashes,
+           Rows *rows, int ok)
+{
+    PyObject *result = NULL;
+    Py_ssize_t stored = ok ? put_rows(t, head, prefix, hashes, rows) : -1;
+    if (stored >= 0)
+        result = PyLong_FromSsize_t(stored);
+    hkv_rows_release(rows);
+    Py_XDECREF(hashes);
+    PyBuffer_Release(head);
+    PyBuffer_Release(prefix);
+    PyBuffer_Release(data);
+    return result;
+}
+
 static PyObject *
 lru_put_encoded(LruTable *t, PyObject *args)
 {
@@ -433,28 +451,17 @@ lru_put_encoded(LruTable *t, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*Oy*nn", &head, &prefix, &hashes_arg, &data, &num_layers,
                           &layer_bytes))
         return NULL;
-    PyObject *result = NULL, *hashes = bytes_list(hashes_arg, "hashes");
+    PyObject *hashes = bytes_list(hashes_arg, "hashes");
     Rows rows = {0};
-    if (!hashes)
-        goto done;
-    Py_ssize_t n = PyList_GET_SIZE(hashes);
-    if (num_layers < 1 || layer_bytes < 0 || data.len != n * num_layers * layer_bytes) {
+    Py_ssize_t n = hashes ? PyList_GET_SIZE(hashes) : 0;
+    int ok = hashes != NULL;
+    if (ok && (num_layers < 1 || layer_bytes < 0 || data.len != n * num_layers * layer_bytes)) {
         PyErr_Format(PyExc_ValueError, "put_encoded: %zd data bytes for %zd blocks of %zd x %zd",
                      data.len, n, num_layers, layer_bytes);
-        goto done;
+        ok = 0;
     }
-    if (hkv_rows_contiguous(&rows, data.buf, n, num_layers, layer_bytes) < 0)
-        goto done;
-    Py_ssize_t stored = put_rows(t, &head, &prefix, hashes, &rows);
-    if (stored >= 0)
-        result = PyLong_FromSsize_t(stored);
-done:
-    hkv_rows_release(&rows);
-    Py_XDECREF(hashes);
-    PyBuffer_Release(&head);
-    PyBuffer_Release(&prefix);
-    PyBuffer_Release(&data);
-    return result;
+    ok = ok && hkv_rows_contiguous(&rows, data.buf, n, num_layers, layer_bytes) == 0;
+    return finish_put(t, &head, &prefix, &data, hashes, &rows, ok);
 }
 
 static PyObject *
@@ -467,28 +474,17 @@ lru_put_from_pages(LruTable *t, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*Oy*O!n", &head, &prefix, &hashes_arg, &ids, &PyList_Type,
                           &views, &layer_bytes))
         return NULL;
-    PyObject *result = NULL, *hashes = bytes_list(hashes_arg, "hashes");
+    PyObject *hashes = bytes_list(hashes_arg, "hashes");
     Rows rows = {0};
-    if (!hashes)
-        goto done;
-    Py_ssize_t n = PyList_GET_SIZE(hashes);
-    if (ids.len != n * (Py_ssize_t)sizeof(int64_t) || layer_bytes < 0) {
+    Py_ssize_t n = hashes ? PyList_GET_SIZE(hashes) : 0;
+    int ok = hashes != NULL;
+    if (ok && (ids.len != n * (Py_ssize_t)sizeof(int64_t) || layer_bytes < 0)) {
         PyErr_Format(PyExc_ValueError, "put_from_pages: %zd bytes of ids for %zd blocks "
                      "(native int64 each)", ids.len, n);
-        goto done;
+        ok = 0;
     }
-    if (hkv_rows_pages(&rows, views, layer_bytes, (const int64_t *)ids.buf, n) < 0)
-        goto done;
-    Py_ssize_t stored = put_rows(t, &head, &prefix, hashes, &rows);
-    if (stored >= 0)
-        result = PyLong_FromSsize_t(stored);
-done:
-    hkv_rows_release(&rows);
-    Py_XDECREF(hashes);
-    PyBuffer_Release(&head);
-    PyBuffer_Release(&prefix);
-    PyBuffer_Release(&ids);
-    return result;
+    ok = ok && hkv_rows_pages(&rows, views, layer_bytes, (const int64_t *)ids.buf, n) == 0;
+    return finish_put(t, &head, &prefix, &ids, hashes, &rows, ok);
 }
 
 /* put_from_pages with the header start and layer bytes read from `layout` */
@@ -543,39 +539,6 @@ done:
     return out;
 }
 
-static PyObject *
-lru_contains(LruTable *t, PyObject *keys_arg)
-{
-    CHECK_INIT(t);
-    PyObject *keys = bytes_list(keys_arg, "keys");
-    if (!keys)
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    PyObject *out = PyList_New(n);
-    for (Py_ssize_t j = 0; out && j < n; j++) {
-        PyObject *present = find_bytes(t, PyList_GET_ITEM(keys, j)) != EMPTY ? Py_True
-                                                                             : Py_False;
-        Py_INCREF(present);
-        PyList_SET_ITEM(out, j, present);
-    }
-    Py_DECREF(keys);
-    return out;
-}
-
-static PyObject *
-lru_prefix_length(LruTable *t, PyObject *keys_arg)
-{
-    CHECK_INIT(t);
-    PyObject *keys = bytes_list(keys_arg, "keys");
-    if (!keys)
-        return NULL;
-    Py_ssize_t m = 0;
-    while (m < PyList_GET_SIZE(keys) && find_bytes(t, PyList_GET_ITEM(keys, m)) != EMPTY)
-        m++;
-    Py_DECREF(keys);
-    return PyLong_FromSsize_t(m);
-}
-
 /* Index of prefix + h, or EMPTY; `buf` holds KEY_INLINE * 2 bytes for short keys */
 static int32_t
 find_prefixed(LruTable *t, const char *prefix, size_t plen, PyObject *h, char *buf)
@@ -592,53 +555,69 @@ find_prefixed(LruTable *t, const char *prefix, size_t plen, PyObject *h, char *b
     return i;
 }
 
+/* contains (`prefix_length` 0) or prefix_length (1) of the keys prefix + each
+ * of `items`, a sequence of bytes */
+static PyObject *
+query(LruTable *t, const char *prefix, size_t plen, PyObject *items, int prefix_length)
+{
+    PyObject *list = bytes_list(items, "keys");
+    if (!list)
+        return NULL;
+    char buf[2 * KEY_INLINE];
+    Py_ssize_t n = PyList_GET_SIZE(list), m = 0;
+    PyObject *out = prefix_length ? NULL : PyList_New(n);
+    if (prefix_length) {
+        while (m < n && find_prefixed(t, prefix, plen, PyList_GET_ITEM(list, m), buf) != EMPTY)
+            m++;
+        out = PyLong_FromSsize_t(m);
+    }
+    for (Py_ssize_t j = 0; out && !prefix_length && j < n; j++) {
+        int held = find_prefixed(t, prefix, plen, PyList_GET_ITEM(list, j), buf) != EMPTY;
+        PyList_SET_ITEM(out, j, Py_NewRef(held ? Py_True : Py_False));
+    }
+    Py_DECREF(list);
+    return out;
+}
+
+static PyObject *
+lru_contains(LruTable *t, PyObject *keys)
+{
+    CHECK_INIT(t);
+    return query(t, "", 0, keys, 0);
+}
+
+static PyObject *
+lru_prefix_length(LruTable *t, PyObject *keys)
+{
+    CHECK_INIT(t);
+    return query(t, "", 0, keys, 1);
+}
+
+/* contains_blocks (`prefix_length` 0) or prefix_length_blocks (1) */
+static PyObject *
+query_blocks(LruTable *t, PyObject *args, int prefix_length)
+{
+    Py_buffer prefix;
+    PyObject *hashes;
+    if (!PyArg_ParseTuple(args, "y*O", &prefix, &hashes))
+        return NULL;
+    PyObject *out = query(t, prefix.buf, (size_t)prefix.len, hashes, prefix_length);
+    PyBuffer_Release(&prefix);
+    return out;
+}
+
 static PyObject *
 lru_prefix_length_blocks(LruTable *t, PyObject *args)
 {
     CHECK_INIT(t);
-    Py_buffer prefix;
-    PyObject *hashes_arg;
-    if (!PyArg_ParseTuple(args, "y*O", &prefix, &hashes_arg))
-        return NULL;
-    PyObject *hashes = bytes_list(hashes_arg, "hashes");
-    PyObject *out = NULL;
-    if (hashes) {
-        char buf[2 * KEY_INLINE];
-        Py_ssize_t m = 0;
-        while (m < PyList_GET_SIZE(hashes)
-               && find_prefixed(t, prefix.buf, (size_t)prefix.len, PyList_GET_ITEM(hashes, m),
-                                buf) != EMPTY)
-            m++;
-        out = PyLong_FromSsize_t(m);
-        Py_DECREF(hashes);
-    }
-    PyBuffer_Release(&prefix);
-    return out;
+    return query_blocks(t, args, 1);
 }
 
 static PyObject *
 lru_contains_blocks(LruTable *t, PyObject *args)
 {
     CHECK_INIT(t);
-    Py_buffer prefix;
-    PyObject *hashes_arg;
-    if (!PyArg_ParseTuple(args, "y*O", &prefix, &hashes_arg))
-        return NULL;
-    PyObject *hashes = bytes_list(hashes_arg, "hashes");
-    PyObject *out = hashes ? PyList_New(PyList_GET_SIZE(hashes)) : NULL;
-    if (out) {
-        char buf[2 * KEY_INLINE];
-        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(hashes); j++) {
-            int32_t i = find_prefixed(t, prefix.buf, (size_t)prefix.len,
-                                      PyList_GET_ITEM(hashes, j), buf);
-            PyObject *present = i != EMPTY ? Py_True : Py_False;
-            Py_INCREF(present);
-            PyList_SET_ITEM(out, j, present);
-        }
-    }
-    Py_XDECREF(hashes);
-    PyBuffer_Release(&prefix);
-    return out;
+    return query_blocks(t, args, 0);
 }
 
 static PyObject *

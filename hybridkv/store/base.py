@@ -14,7 +14,7 @@ such error as a miss (recompute), never as a reason to fail a request.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,12 +104,7 @@ class KVStore(ABC):
 
     def prefix_length(self, keys: Sequence[bytes]) -> int:
         """How many leading keys are stored (a query: refreshes nothing)."""
-        n = 0
-        for present in self.contains(keys):
-            if not present:
-                break
-            n += 1
-        return n
+        return leading_count(self.contains(keys))
 
     def prefix_length_blocks(self, key_prefix: bytes, hashes: Sequence[bytes]) -> int:
         """`prefix_length` of the keys `key_prefix + h` (stores may skip building them)."""
@@ -136,3 +131,25 @@ class KVStore(ABC):
     def describe(self) -> str:
         """A URL-like description for messages (no credentials)."""
         return f"{self.scheme}://"
+
+
+def leading_count(flags: Iterable[object]) -> int:
+    """How many leading items are true: the stored prefix of a run of keys,
+    given whether each is stored (lazily, so that the first missing ends it).
+
+    >>> leading_count(k in {b"a", b"b"} for k in (b"a", b"b", b"x", b"a"))
+    2
+    """
+    n = 0
+    for flag in flags:
+        if not flag:
+            break
+        n += 1
+    return n
+
+
+def pop_entry(table: MutableMapping[bytes, bytes], key: bytes, overhead: int = 0) -> int:
+    """Remove `key` from an in-memory table of values; the bytes it took (key,
+    value and `overhead`), or 0 when it was not there."""
+    value = table.pop(key, None)
+    return 0 if value is None else len(key) + len(value) + overhead

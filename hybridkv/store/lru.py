@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hybridkv.store.base import leading_count, pop_entry
 from hybridkv.store.codec import encode_blocks_raw
 
 
@@ -41,9 +42,7 @@ class LruDict:
             cost = len(key) + len(value) + overhead
             if cost > self.capacity:
                 continue
-            old = data.pop(key, None)
-            if old is not None:
-                self._used -= len(key) + len(old) + overhead
+            self._used -= pop_entry(data, key, overhead)
             data[key] = value
             self._used += cost
             stored += 1
@@ -82,12 +81,7 @@ class LruDict:
         return [key in data for key in keys]
 
     def prefix_length(self, keys: Sequence[bytes]) -> int:
-        data, n = self._data, 0
-        for key in keys:
-            if key not in data:
-                break
-            n += 1
-        return n
+        return leading_count(map(self._data.__contains__, keys))
 
     def prefix_length_blocks(self, prefix: bytes, hashes: Sequence[bytes]) -> int:
         return self.prefix_length([prefix + h for h in hashes])
@@ -96,13 +90,9 @@ class LruDict:
         return self.contains([prefix + h for h in hashes])
 
     def delete(self, keys: Sequence[bytes]) -> int:
-        removed = 0
-        for key in keys:
-            value = self._data.pop(key, None)
-            if value is not None:
-                self._used -= len(key) + len(value) + self.overhead
-                removed += 1
-        return removed
+        freed = [pop_entry(self._data, key, self.overhead) for key in keys]
+        self._used -= sum(freed)
+        return sum(map(bool, freed))
 
     def keys(self) -> list[bytes]:
         """The stored keys, least recently used first."""
