@@ -122,6 +122,7 @@ class KVTier:
         if num_tokens >= limit:
             return pool_hit
         self._stats.lookups += 1
+        self._stats.queried_tokens += request.num_tokens
         lookups = self._lookups(hashes, limit, num_tokens)
         if lookups is None:
             return pool_hit
@@ -266,7 +267,9 @@ class KVTier:
             by_group.setdefault(slot.group_id, []).append(j)
         out: dict[int, tuple[list[int], list[Buffer]]] = {}
         for g, js in by_group.items():
+            t0 = time.perf_counter()
             data = self._read(g, [slots[j].block_hash for j in js])
+            self._stats.groups[g].load_seconds += time.perf_counter() - t0
             got = [(j, d) for j, d in zip(js, data) if d is not None]
             if got:
                 out[g] = ([j for j, _ in got], [d for _, d in got])
@@ -277,7 +280,9 @@ class KVTier:
         """Copy the fetched blocks into their slots' pool blocks; which slots got one."""
         loaded = [False] * len(slots)
         for g, (js, data) in fetched.items():
+            t0 = time.perf_counter()
             self.pages.scatter(g, [slots[j].block.block_id for j in js], data)
+            self._stats.groups[g].load_seconds += time.perf_counter() - t0
             for j in js:
                 loaded[j] = True
             stats = self._stats.groups[g]
@@ -356,8 +361,10 @@ class KVTier:
     def _on_written(self, group_id: int, num_blocks: int, num_bytes: int,
                     seconds: float) -> None:
         with self._lock:
-            self._stats.groups[group_id].written_blocks += num_blocks
-            self._stats.groups[group_id].written_bytes += num_bytes
+            group = self._stats.groups[group_id]
+            group.written_blocks += num_blocks
+            group.written_bytes += num_bytes
+            group.store_seconds += seconds
             self._stats.store_seconds += seconds
 
     # ---- admin -------------------------------------------------------------------------
