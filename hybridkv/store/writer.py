@@ -277,11 +277,14 @@ class BackgroundWriter:
         return out
 
     def _write(self, group_id: int, batches: list[_Batch]) -> None:
+        """Put a group's batches in one call. A put makes its first keys the most
+        recent, so the batches go newest first: as if each were put in turn."""
         if len(batches) == 1:
             self._put(group_id, batches[0].hashes, batches[0].data)
         else:
-            self._put(group_id, [h for batch in batches for h in batch.hashes],
-                      np.concatenate([batch.data for batch in batches], axis=1))
+            newest_first = batches[::-1]
+            self._put(group_id, [h for batch in newest_first for h in batch.hashes],
+                      np.concatenate([batch.data for batch in newest_first], axis=1))
 
     def _write_inline(self, group_id: int, hashes: list[bytes], data: np.ndarray) -> None:
         self._put(group_id, hashes, data)
