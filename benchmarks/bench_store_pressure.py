@@ -31,6 +31,7 @@ from hybridkv.store.keys import FINGERPRINT_BYTES, KEY_PREFIX
 from hybridkv.store.pages import SimulatedPages
 from hybridkv.store.payload import HEADER_BYTES
 from hybridkv.store.tier import KVTier
+from hybridkv.store.writer import DEFAULT_INLINE_BYTES
 from hybridkv.tools.bench_traces import reuse_stats
 from hybridkv.tools.pressure import MAX_BATCHED_TOKENS, SETTINGS, pool_blocks
 from hybridkv.tools.replay import ManagerAdapter, make_config, replay
@@ -53,7 +54,8 @@ class TieredAdapter(ManagerAdapter):
     """
 
     def __init__(self, config: KVCacheConfig, tier_blocks: int, select: str, *,
-                 eviction_policy: str | None = None, flush_each_lookup: bool = True) -> None:
+                 eviction_policy: str | None = None, flush_each_lookup: bool = True,
+                 inline_write_bytes: int = DEFAULT_INLINE_BYTES) -> None:
         super().__init__(config, eviction_policy=eviction_policy)
         self.flush_each_lookup = flush_each_lookup
         self.wait = False
@@ -61,7 +63,8 @@ class TieredAdapter(ManagerAdapter):
         if tier_blocks:
             pages = SimulatedPages(config.num_blocks, len(config.kv_cache_groups), PAGE_BYTES)
             self.tier = KVTier(self.manager, CpuStore(tier_blocks * entry_bytes()), pages,
-                               b"pressure-bench!!", select=select)
+                               b"pressure-bench!!", select=select,
+                               inline_write_bytes=inline_write_bytes)
 
     def lookup(self, req: Request) -> int:
         blocks, num_cached = self.manager.get_computed_blocks(req)
