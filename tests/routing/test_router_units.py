@@ -89,7 +89,7 @@ def test_route_prefers_reuse_then_load_and_keeps_loads():
     router.finished(first)
     router.finished(first)  # idempotent
     assert (router.loads["b"].pending_tokens, router.loads["b"].in_flight) == (0, 0)
-    router.loads["b"].pending_tokens = 100  # b busy: 40 - 36 + 100 > 40 + 0 on a
+    router.update_load("b", pending_tokens=100)  # b busy: 40 - 36 + 100 > 40 + 0 on a
     assert router.route(prompt).instance_id == "a"
     explained = router.explain(prompt)
     assert explained["backends"]["b"]["reusable_tokens"] == 36
@@ -149,3 +149,39 @@ def test_other_layouts_do_not_mix():
     assert router.route([1, 2, 3, 4, 5], model="m2").instance_id == "b"
     router.add_backend("a", CacheLayout((FullAttentionSpec(4),)), "m1")  # a new layout
     assert router.backends["a"].index.layout.specs == (FullAttentionSpec(4),)
+
+
+def test_store_blocks_complete_a_pool_and_count_below_pool_hits():
+    """A shared store's blocks count per group together with a backend's own pool,
+    at STORE_WEIGHT of a pool hit."""
+    from hybridkv.serving.router.routing import STORE_WEIGHT
+    from hybridkv.serving.router.store_view import _merge
+
+    layout = CacheLayout((FullAttentionSpec(4), SlidingWindowSpec(4, sliding_window=8),
+                          SlidingWindowSpec(4, sliding_window=8)))  # one window class
+    router = Router("hybrid-prefix")
+    for name in "abc":
+        router.add_backend(name, layout)
+    index = router.backends["a"].index
+    prompt = list(range(3, 20))  # 4 blocks, hits of at most 16 tokens
+    hashes = compute_block_hashes(prompt, 4)
+    # a: the chain and window group 1 in its pool; the store: window group 2, blocks 2-3
+    router.apply_events("a", stored(hashes, (0,)) + stored(hashes, (1,), 2, 4))
+    spots = [(g, j) for g in range(3) for j in range(4)]
+    reply = b"".join(b"1" if g == 2 and j >= 2 else b"0" for g, j in spots)
+    extra: dict[bytes, int] = {}
+    _merge(extra, index, hashes, spots, reply, [("a", 0), ("b", 1), ("c", 2)])
+    explained = router.explain(prompt, stored={index: extra})["backends"]
+    assert explained["a"]["reusable_tokens"] == 0 and explained["a"]["store_tokens"] == 16
+    assert explained["b"]["store_tokens"] == 0  # the store alone lacks group 1's windows
+    decision = router.route(prompt, stored={index: extra})
+    assert (decision.instance_id, decision.cached_tokens, decision.store_tokens) == ("a", 16, 16)
+    assert decision.pending_tokens == 1  # loaded tokens are not computed
+    router.finished(decision)
+
+    # c holds everything in its pool: a pool hit beats the same tokens through the store
+    router.apply_events("c", stored(hashes, (0, 1, 2)))
+    assert router.route(prompt, stored={index: extra}).instance_id == "c"
+    # ... unless c's load outweighs the store's discount
+    router.update_load("c", pending_tokens=int(16 * (1 - STORE_WEIGHT) / router.balance) + 1)
+    assert router.route(prompt, stored={index: extra}).instance_id == "a"
