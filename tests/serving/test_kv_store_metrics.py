@@ -7,7 +7,7 @@ import random
 import warnings
 
 import pytest
-from serving_helpers import ServerProcess
+from server_process import serve
 
 from hybridkv import LLM, SamplingParams
 from hybridkv.store.payload import HEADER_BYTES
@@ -30,7 +30,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def store_server(server_logs):
-    server = ServerProcess(MODEL, *ARGS, log_dir=server_logs)
+    server = serve(MODEL, *ARGS, log_dir=server_logs)
     yield server
     assert server.stop() == 0, server.log_text()[-3000:]
 
