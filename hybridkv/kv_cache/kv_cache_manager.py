@@ -435,10 +435,12 @@ class KVCacheManager(ManagerBase):
         """Cache the imported blocks that arrived; release the import's references."""
         return end_import(self.pool, imp, loaded)
 
-    def on_evict(self, callback: Callable[[list[Block]], None]) -> None:
+    def on_evict(self, callback: Callable[[list[Block]], None], *,
+                 skips_empty: bool = False) -> None:
         """`callback(blocks)` with cached blocks about to be taken for new data
-        (their pages still hold it): a second tier copies them out."""
-        self.pool.on_evict(callback)
+        (their pages still hold it): a second tier copies them out. See
+        `BlockPool.on_evict` for `skips_empty`."""
+        self.pool.on_evict(callback, skips_empty=skips_empty)
 
     def on_stale_blocks(self, callback) -> None:
         """Debug hook: `callback(block_ids)` when blocks stop holding valid data

@@ -6,6 +6,7 @@
  * and value_hint, before they lose their hash). It keeps a block of group g
  * when always[g] is true, its value_hint is not `low`, or its hash is in
  * tails[g] (a set, a tuple of sets, or None): the selection of selection.py.
+ * Blocks without a hash (that cached nothing) are passed over.
  * A kept block's hash is appended to the group's list and its id to the
  * group's int64 buffer; take(g) returns both, most recently evicted first
  * (the heads of chains first: a request's tail is evicted first), and
@@ -135,6 +136,10 @@ record_one(Recorder *r, PyObject *block)
     int kept = -1;
     PyObject *h = NULL, *gobj = NULL, *id = NULL;
     h = block_attr(block, ATTR_HASH);
+    if (h == Py_None) {  /* a block that cached nothing */
+        kept = 0;
+        goto done;
+    }
     gobj = h ? block_attr(block, ATTR_GROUP) : NULL;
     if (!gobj)
         goto done;

@@ -69,8 +69,9 @@ def eviction_recorder(always: list[bool], low: int, tails: list[Any]) -> Any:
     """The pool's eviction hook of a tier: `record(blocks)` keeps, of these
     evicted blocks, those worth storing: a block of group g when `always[g]`,
     its `value_hint` is not `low`, or its hash is in `tails[g]` (a set, a tuple
-    of sets, or None). `take(g)` returns the group's kept (hashes, ids: native
-    int64 bytes), most recently evicted first, and empties them;
+    of sets, or None); blocks without a hash (that cached nothing) are passed
+    over. `take(g)` returns the group's kept (hashes, ids: native int64
+    bytes), most recently evicted first, and empties them;
     `num_recorded` counts what is not taken yet. (C: no Python frame per call,
     no Python object per block.)"""
     cls = _codec.EvictionRecorder if _codec is not None else PyEvictionRecorder
@@ -91,6 +92,8 @@ class PyEvictionRecorder:
     def __call__(self, blocks: Sequence[Any]) -> None:
         for block in blocks:
             g, block_hash = block.group_id, block.block_hash
+            if block_hash is None:  # cached nothing
+                continue
             if self.always[g] or block.value_hint != self.low \
                     or _in_tails(self.tails[g], block_hash):
                 self._hashes[g].append(block_hash)

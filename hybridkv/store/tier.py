@@ -98,7 +98,7 @@ class KVTier:
         if self.recorder is None:
             kv.subscribe(self._on_event)
         else:
-            kv.on_evict(self.recorder)
+            kv.on_evict(self.recorder, skips_empty=True)
 
     # ---- in: hits through the store ----------------------------------------------
 

@@ -131,6 +131,8 @@ def random_blocks(rng, n, num_groups, make=Block):
         b = make(i + 1)
         b.block_hash, b.group_id, b.value_hint = (bytes([rng.randrange(4)]) * 32,
                                                   rng.randrange(num_groups), rng.choice(hints))
+        if rng.random() < 0.1:  # cached nothing: passed over
+            b.block_hash, b.group_id = None, -1
         blocks.append(b)
     return blocks
 
