@@ -10,6 +10,7 @@ token p50 / p99, preemptions and the router's decision time, and writes
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from argparse import ArgumentParser, Namespace
@@ -53,9 +54,9 @@ def parse_mix(text: str) -> tuple[float, float, float]:
         parts = tuple(float(x) for x in text.split(","))
     except ValueError:
         parts = ()
-    if len(parts) != 3 or min(parts) < 0 or not sum(parts) > 0:
+    if len(parts) != 3 or not all(0 <= x < math.inf for x in parts) or not sum(parts) > 0:
         raise ValueError(f"--mix {text!r}: give three shares doc,fewshot,chat like 0.5,0.2,0.3")
-    return parts  # type: ignore[return-value]
+    return parts[0], parts[1], parts[2]
 
 
 def policies_from(text: str) -> list[str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridkv.kv_cache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from hybridkv.kv_cache.hashing import compute_block_hashes
@@ -185,3 +187,47 @@ def test_store_blocks_complete_a_pool_and_count_below_pool_hits():
     # ... unless c's load outweighs the store's discount
     router.update_load("c", pending_tokens=int(16 * (1 - STORE_WEIGHT) / router.balance) + 1)
     assert router.route(prompt, stored={index: extra}).instance_id == "a"
+
+
+@settings(max_examples=40)
+@given(st.lists(st.tuples(st.sampled_from(["route", "first", "finish", "poll"]),
+                          st.integers(0, 4), st.integers(0, 9)), max_size=60))
+def test_load_costs_follow_loads_and_the_average(ops):
+    """The kept costs equal the documented formula over the loads, with an
+    average of requests in hand within MEAN_SLACK of the true one, and each
+    decision is the brute-force argmin over backends of (load - credit)."""
+    from hybridkv.serving.router.policy import MEAN_SLACK, REQUEST_TOKENS, TIE
+
+    router = Router("hybrid-prefix")
+    names = "abcde"
+    for name in names:
+        router.add_backend(name, LAYOUT)
+    prompt = list(range(3, 43))
+    hashes = compute_block_hashes(prompt, 4)
+    router.apply_events("c", stored(hashes))  # c reuses 36 tokens, the others nothing
+    decisions = []
+    for op, who, amount in ops:
+        if op == "route":
+            group = router._candidates(None, ())[0]
+            loads = [router.loads[n] for n in names]
+            mean = group.loads.mean
+            expected = [router.balance * (ld.pending_tokens + REQUEST_TOKENS
+                                          * max(0.0, ld.num_requests - mean))
+                        + ld.in_flight * TIE - (36 if n == "c" else 0)
+                        for n, ld in zip(names, loads)]
+            decision = router.route(prompt)
+            assert expected[names.index(decision.instance_id)] == min(expected)
+            decisions.append(decision)
+        elif op in ("first", "finish") and decisions:
+            decision = decisions[who % len(decisions)]
+            (router.first_token if op == "first" else router.finished)(decision)
+        elif op == "poll":
+            router.update_load(names[who], waiting=amount, running=amount // 2)
+        group = router._candidates(None, ())[0]
+        loads = [router.loads[n] for n in names]
+        true_mean = sum(ld.num_requests for ld in loads) / len(loads)
+        assert abs(group.loads.mean - true_mean) < MEAN_SLACK
+        assert group.loads.costs == [
+            router.balance * (ld.pending_tokens + REQUEST_TOKENS
+                              * max(0.0, ld.num_requests - group.loads.mean))
+            + ld.in_flight * TIE for ld in loads]
