@@ -14,7 +14,11 @@ prompt length.
 
 The driver sees the manager through `ManagerAdapter` (the public
 `KVCacheManager` API only) and times only those calls, so requests/s is the
-manager's cost plus a fixed driver overhead.
+manager's cost plus a fixed driver overhead. An adapter for another manager
+may add two hooks its scheduler needs: `new_step()`, called (and timed) at
+the start of every step, and `clip_chunk(handle, n)`, the number of the next
+`n` tokens the manager lets one step compute (0: none this step; a running
+request then waits, an admission ends the step's admissions).
 
     >>> from hybridkv.tools.bench_traces import shared_prefix_trace
     >>> trace = shared_prefix_trace(num_requests=8, prefix_len=64, unique_len=16,
@@ -41,7 +45,7 @@ BLOCK_SIZE = 16
 WINDOW = 1024
 CONFIG_GROUPS = {"full": 1, "swa": 2, "mamba": 2}
 TIMED_CALLS = ("start", "lookup", "allocate_prefill", "append", "allocate_decode", "free",
-               "preempt")
+               "preempt", "new_step")
 
 
 def make_config(kind: str, num_blocks: int, window: int = WINDOW,
@@ -103,6 +107,7 @@ class ReplayResult:
     """What a replay measured; per-call times in nanoseconds."""
 
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time over the same span (steadier on a busy machine)
     steps: int = 0
     finished: int = 0
     preemptions: int = 0
@@ -112,6 +117,7 @@ class ReplayResult:
     min_free_blocks: int = -1
     call_ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIMED_CALLS, 0))
     calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIMED_CALLS, 0))
+    request_hits: dict[str, int] = field(default_factory=dict)  # cached tokens at admission
 
     @property
     def hit_rate(self) -> float:
@@ -121,11 +127,17 @@ class ReplayResult:
     def requests_per_s(self) -> float:
         return self.finished / self.wall_s if self.wall_s else 0.0
 
+    @property
+    def requests_per_cpu_s(self) -> float:
+        return self.finished / self.cpu_s if self.cpu_s else 0.0
+
     def mean_us(self, call: str) -> float:
         return self.call_ns[call] / self.calls[call] / 1e3 if self.calls[call] else 0.0
 
     def as_dict(self) -> dict:
         out = {"wall_s": round(self.wall_s, 4), "requests_per_s": round(self.requests_per_s, 1),
+               "cpu_s": round(self.cpu_s, 4),
+               "requests_per_cpu_s": round(self.requests_per_cpu_s, 1),
                "hit_rate": round(self.hit_rate, 5), "steps": self.steps,
                "finished": self.finished, "preemptions": self.preemptions,
                "failed_admissions": self.failed_admissions,
@@ -168,6 +180,8 @@ class _Driver:
         self.running: list[_Slot] = []
         self.finished_ids: set[str] = set()
         self.res = ReplayResult()
+        self.new_step = getattr(adapter, "new_step", None)
+        self.clip_chunk = getattr(adapter, "clip_chunk", None)
 
     def call(self, name: str, fn, *args):
         t0 = time.perf_counter_ns()
@@ -178,6 +192,8 @@ class _Driver:
 
     def step(self) -> None:
         self.res.steps += 1
+        if self.new_step is not None:
+            self.call("new_step", self.new_step)
         budget = self.max_batched_tokens
         budget, preempted = self._serve_running(budget)
         if not preempted:
@@ -196,6 +212,9 @@ class _Driver:
         while i < len(self.running) and budget > 0:
             slot = self.running[i]
             n = self._schedule(slot, budget)
+            if n is None:  # the manager allows no tokens this step
+                i += 1
+                continue
             if n > 0:
                 budget -= n
                 i += 1
@@ -205,8 +224,9 @@ class _Driver:
                 continue  # slot itself left; the next one moved to index i
         return budget, preempted
 
-    def _schedule(self, slot: _Slot, budget: int) -> int:
-        """Allocate the slot's next tokens; how many, or 0 when they did not fit.
+    def _schedule(self, slot: _Slot, budget: int) -> int | None:
+        """Allocate the slot's next tokens; how many, 0 when they did not fit, None
+        when `clip_chunk` allowed none.
 
         A decode step first appends the token the previous step sampled; when
         its slot did not fit, the retry allocates only that token.
@@ -216,6 +236,10 @@ class _Driver:
                       slot.tr.decode_token_ids[slot.appended])
             slot.appended += 1
         n = min(slot.known - slot.computed, budget)
+        if self.clip_chunk is not None:
+            n = self.clip_chunk(slot.handle, n)
+            if n == 0:
+                return None
         decode = slot.appended > 0 and 0 < slot.computed == slot.known - 1
         name = "allocate_decode" if decode else "allocate_prefill"
         if not self.call(name, self.adapter.allocate, slot.handle, n):
@@ -240,6 +264,10 @@ class _Driver:
                 slot.handle = self.call("start", self.adapter.start, slot.tr)
             hit = self.call("lookup", self.adapter.lookup, slot.handle)
             n = min(slot.known - hit, budget)
+            if self.clip_chunk is not None:
+                n = self.clip_chunk(slot.handle, n)
+                if n == 0:
+                    return
             if not self.call("allocate_prefill", self.adapter.allocate, slot.handle, n):
                 self.res.failed_admissions += 1
                 return
@@ -248,6 +276,7 @@ class _Driver:
                 slot.counted = True
                 self.res.prompt_tokens += len(slot.tr.prompt_token_ids)
                 self.res.hit_tokens += hit
+                self.res.request_hits[slot.tr.request_id] = hit
             slot.computed = hit + n
             budget -= n
             self.running.append(slot)
@@ -275,10 +304,12 @@ def replay(trace: Trace, adapter: ManagerAdapter, *, max_running: int = 64,
                          f"{max_running}, {max_batched_tokens}")
     driver = _Driver(trace, adapter, max_running, max_batched_tokens)
     gc.collect()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     while driver.waiting or driver.running:
         if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
             break
         driver.step()
     driver.res.wall_s = time.perf_counter() - t0
+    driver.res.cpu_s = time.process_time() - c0
     return driver.res
