@@ -103,6 +103,7 @@ def run_row(name: str, config: str, tier: int, select: str, quick: bool) -> dict
            "requests_per_s": round(res.requests_per_s, 1), "preemptions": res.preemptions,
            "leak_free": adapter.num_free_blocks() == num_blocks - 1}
     if adapter.tier is not None:
+        adapter.tier.flush()  # (blocks still queued count as written)
         st = adapter.tier.stats()
         row.update(store_hit_tokens=st.hit_tokens, written_blocks=st.written_blocks,
                    loaded_blocks=st.loaded_blocks, store_keys=st.store.keys,
