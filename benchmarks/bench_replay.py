@@ -4,7 +4,7 @@ The trace (`hybridkv.tools.bench_traces.shared_prefix_trace`): 2,000 requests,
 each a 1,024-token shared prefix + 256 unique tokens, then 64 decode steps;
 a pool of 4,096 blocks of 16 tokens, window 1,024, 64 requests running at
 once, 8,192 tokens per step, sha256. The continuous-batching driver
-(`hybridkv.tools.replay`) times every manager call; each config is run
+(`hybridkv.testing.replay`) times every manager call; each config is run
 `--repeats` times and the median run is reported. Writes DIR/replay.json.
 
     python benchmarks/bench_replay.py [--configs full,swa,mamba] [--repeats 3] [--out DIR]
@@ -27,8 +27,9 @@ import warnings
 
 from common import add_common_args, prepare_out, shared_bench_dir, write_result
 
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.testing.replay import CONFIG_GROUPS, ManagerAdapter, make_config, replay
 from hybridkv.tools.bench_traces import shared_prefix_trace
-from hybridkv.tools.replay import CONFIG_GROUPS, ManagerAdapter, make_config, replay
 
 NUM_BLOCKS = 4096
 
@@ -37,10 +38,11 @@ def run_config(config: str, trace, repeats: int) -> dict:
     """Median (by requests/s) of `repeats` replays on a fresh manager each."""
     runs = []
     for _ in range(repeats):
-        adapter = ManagerAdapter(make_config(config, NUM_BLOCKS))
-        res = replay(trace, adapter, max_running=64, max_batched_tokens=8192)
+        adapter = ManagerAdapter(KVCacheManager(make_config(config, NUM_BLOCKS)))
+        res = replay(trace.requests, adapter, max_running=64, max_batched_tokens=8192,
+                     timed=True)
         row = res.as_dict()
-        row["leak_free"] = adapter.num_free_blocks() == NUM_BLOCKS - 1
+        row["leak_free"] = adapter.num_free_blocks == NUM_BLOCKS - 1
         runs.append(row)
     runs.sort(key=lambda r: r["requests_per_s"])
     median = runs[len(runs) // 2]
