@@ -17,7 +17,8 @@ The driver talks to a `CacheAdapter`: `ManagerAdapter` is the one over
 policy and the yardstick see the same schedule rules. The hit rate counts
 the tokens reused at each request's first admission over its prompt tokens.
 With `timed=True` every adapter call is timed, so requests/s is the cache's
-cost plus a fixed driver overhead.
+cost plus a fixed driver overhead. Adapters for other managers may add the
+hooks their scheduler needs (`new_step`, `clip_chunk`; see `replay`).
 
     >>> from hybridkv.tools.bench_traces import shared_prefix_trace
     >>> trace = shared_prefix_trace(num_requests=8, prefix_len=64, unique_len=16,
@@ -44,7 +45,7 @@ from hybridkv.kv_cache.specs import FullAttentionSpec, MambaSpec, SlidingWindowS
 
 CONFIG_GROUPS = {"full": 1, "swa": 2, "mamba": 2}
 TIMED_CALLS = ("start", "lookup", "allocate_prefill", "append", "allocate_decode", "free",
-               "preempt")
+               "preempt", "new_step")
 
 
 class TraceLike(Protocol):
@@ -106,6 +107,8 @@ class ReplayStats:
     hit_tokens: int = 0  # reused at first admissions
     min_free_blocks: int = -1
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time over the same span (steadier on a busy machine)
+    request_hits: dict[str, int] = field(default_factory=dict)  # cached tokens at admission
     call_ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIMED_CALLS, 0))
     calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIMED_CALLS, 0))
 
@@ -117,11 +120,17 @@ class ReplayStats:
     def requests_per_s(self) -> float:
         return self.finished / self.wall_s if self.wall_s else 0.0
 
+    @property
+    def requests_per_cpu_s(self) -> float:
+        return self.finished / self.cpu_s if self.cpu_s else 0.0
+
     def mean_us(self, call: str) -> float:
         return self.call_ns[call] / self.calls[call] / 1e3 if self.calls[call] else 0.0
 
     def as_dict(self) -> dict:
         out = {"wall_s": round(self.wall_s, 4), "requests_per_s": round(self.requests_per_s, 1),
+               "cpu_s": round(self.cpu_s, 4),
+               "requests_per_cpu_s": round(self.requests_per_cpu_s, 1),
                "hit_rate": round(self.hit_rate, 5), "steps": self.steps,
                "finished": self.finished, "preemptions": self.preemptions,
                "failed_admissions": self.failed_admissions,
@@ -152,61 +161,37 @@ class _Slot:
         return self.appended == len(self.req.output) and self.computed == self.known
 
 
-class _Timed:
-    """An adapter whose calls add their time to the stats (allocations split into
-    prefill chunks and decode steps)."""
+class _Driver:
+    """One replay: the queues, the step loop and the (optionally timed) adapter calls."""
 
-    def __init__(self, cache: CacheAdapter, stats: ReplayStats) -> None:
+    def __init__(self, requests: Sequence[TraceLike], cache: CacheAdapter, max_running: int,
+                 max_batched_tokens: int, timed: bool) -> None:
         self.cache = cache
-        self.stats = stats
+        self.max_running = max_running
+        self.max_batched_tokens = max_batched_tokens
+        self.stats = ReplayStats()
+        self.call = self._timed_call if timed else self._call
+        self.waiting = deque(_Slot(r) for r in requests)
+        self.running: list[_Slot] = []
+        self.finished_ids: set[str] = set()
+        self.new_step = getattr(cache, "new_step", None)
+        self.clip_chunk = getattr(cache, "clip_chunk", None)
 
-    def _call(self, name: str, fn, *args):
+    def _timed_call(self, name: str, fn, *args):
         t0 = time.perf_counter_ns()
         out = fn(*args)
         self.stats.call_ns[name] += time.perf_counter_ns() - t0
         self.stats.calls[name] += 1
         return out
 
-    def start(self, req):
-        return self._call("start", self.cache.start, req)
-
-    def lookup(self, handle):
-        return self._call("lookup", self.cache.lookup, handle)
-
-    def allocate(self, handle, num_new_tokens, decode=False):
-        name = "allocate_decode" if decode else "allocate_prefill"
-        return self._call(name, self.cache.allocate, handle, num_new_tokens)
-
-    def append(self, handle, token):
-        return self._call("append", self.cache.append, handle, token)
-
-    def free(self, handle):
-        return self._call("free", self.cache.free, handle)
-
-    def preempt(self, handle):
-        return self._call("preempt", self.cache.preempt, handle)
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.cache.num_free_blocks
-
-
-class _Driver:
-    """One replay: the queues and the step loop."""
-
-    def __init__(self, requests: Sequence[TraceLike], cache: Any, max_running: int,
-                 max_batched_tokens: int, stats: ReplayStats) -> None:
-        self.cache = cache
-        self.timed = isinstance(cache, _Timed)
-        self.max_running = max_running
-        self.max_batched_tokens = max_batched_tokens
-        self.stats = stats
-        self.waiting = deque(_Slot(r) for r in requests)
-        self.running: list[_Slot] = []
-        self.finished_ids: set[str] = set()
+    @staticmethod
+    def _call(name: str, fn, *args):
+        return fn(*args)
 
     def step(self) -> None:
         self.stats.steps += 1
+        if self.new_step is not None:
+            self.call("new_step", self.new_step)
         budget, preempted = self._serve_running(self.max_batched_tokens)
         if not preempted:
             self._admit(budget)
@@ -225,31 +210,39 @@ class _Driver:
         preempted, i = False, 0
         while i < len(self.running) and budget > 0:
             s = self.running[i]
-            if s.computed == s.known and s.appended < len(s.req.output):
-                self.cache.append(s.handle, s.req.output[s.appended])  # the last sample
-                s.appended += 1
-            n = min(s.known - s.computed, budget)
-            if n == 0:
-                i += 1
-                continue
-            if self._allocate(s, n):
-                s.computed += n
-                budget -= n
+            n = self._schedule(s, budget)
+            if n is None or n > 0:  # None: the adapter allows no tokens this step
+                budget -= n or 0
                 i += 1
                 continue
             victim = self.running.pop()
-            self.cache.preempt(victim.handle)
+            self.call("preempt", self.cache.preempt, victim.handle)
             victim.computed = 0
             self.waiting.appendleft(victim)
             self.stats.preemptions += 1
             preempted = True
         return budget, preempted
 
-    def _allocate(self, s: _Slot, n: int) -> bool:
-        if self.timed:  # decode: the one token sampled last step
-            decode = s.appended > 0 and 0 < s.computed == s.known - 1
-            return self.cache.allocate(s.handle, n, decode)
-        return self.cache.allocate(s.handle, n)
+    def _schedule(self, s: _Slot, budget: int) -> int | None:
+        """Allocate the slot's next tokens: how many, 0 when they did not fit, None when
+        `clip_chunk` allowed none. A decode step first appends the token the previous
+        step sampled; when its slot did not fit, the retry allocates only that token."""
+        if s.computed == s.known and s.appended < len(s.req.output):
+            self.call("append", self.cache.append, s.handle, s.req.output[s.appended])
+            s.appended += 1
+        n = min(s.known - s.computed, budget)
+        if n == 0:
+            return None
+        if self.clip_chunk is not None:
+            n = self.clip_chunk(s.handle, n)
+            if n == 0:
+                return None
+        decode = s.appended > 0 and 0 < s.computed == s.known - 1
+        name = "allocate_decode" if decode else "allocate_prefill"
+        if not self.call(name, self.cache.allocate, s.handle, n):
+            return 0
+        s.computed += n
+        return n
 
     def _admit(self, budget: int) -> None:
         while self.waiting and len(self.running) < self.max_running and budget > 0:
@@ -257,10 +250,14 @@ class _Driver:
             if not self._can_start(s):
                 return
             if s.handle is None:
-                s.handle = self.cache.start(s.req)
-            hit = self.cache.lookup(s.handle)
+                s.handle = self.call("start", self.cache.start, s.req)
+            hit = self.call("lookup", self.cache.lookup, s.handle)
             n = min(s.known - hit, budget)
-            if not self.cache.allocate(s.handle, n):
+            if self.clip_chunk is not None:
+                n = self.clip_chunk(s.handle, n)
+                if n == 0:
+                    return
+            if not self.call("allocate_prefill", self.cache.allocate, s.handle, n):
                 self.stats.failed_admissions += 1
                 return
             self.waiting.popleft()
@@ -268,6 +265,7 @@ class _Driver:
                 s.counted = True
                 self.stats.prompt_tokens += len(s.req.prompt)
                 self.stats.hit_tokens += hit
+                self.stats.request_hits[s.req.request_id] = hit
             s.computed = hit + n
             budget -= n
             self.running.append(s)
@@ -280,7 +278,7 @@ class _Driver:
         still = []
         for s in self.running:
             if s.done:
-                self.cache.free(s.handle)
+                self.call("free", self.cache.free, s.handle)
                 self.finished_ids.add(s.req.request_id)
                 self.stats.finished += 1
             else:
@@ -292,7 +290,12 @@ def replay(requests: Sequence[TraceLike], cache: CacheAdapter, *, max_running: i
            max_batched_tokens: int = 8192, time_budget_s: float | None = None,
            timed: bool = False) -> ReplayStats:
     """Run every request to its last output token (or until `time_budget_s` passed);
-    return the counts (and per-call times when `timed`).
+    return the counts, and with `timed` the time of every adapter call.
+
+    An adapter may add two hooks its scheduler needs: `new_step()`, called (and
+    timed) at the start of every step, and `clip_chunk(handle, n)`, how many of the
+    next `n` tokens one step may compute (0: none this step; a running request then
+    waits, an admission ends the step's admissions).
 
     Raises ValueError when a request cannot run even with nothing else running
     (the pool is too small for it), naming the request.
@@ -300,18 +303,18 @@ def replay(requests: Sequence[TraceLike], cache: CacheAdapter, *, max_running: i
     if max_running < 1 or max_batched_tokens < 1:
         raise ValueError(f"max_running and max_batched_tokens must be >= 1, got "
                          f"{max_running}, {max_batched_tokens}")
-    stats = ReplayStats()
-    driver = _Driver(requests, _Timed(cache, stats) if timed else cache, max_running,
-                     max_batched_tokens, stats)
+    driver = _Driver(requests, cache, max_running, max_batched_tokens, timed)
     if timed:
         gc.collect()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     while driver.waiting or driver.running:
         if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
             break
         driver.step()
-    stats.wall_s = time.perf_counter() - t0
-    return stats
+    driver.stats.wall_s = time.perf_counter() - t0
+    driver.stats.cpu_s = time.process_time() - c0
+    return driver.stats
 
 
 class ManagerAdapter:
