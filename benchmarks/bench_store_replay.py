@@ -33,8 +33,8 @@ from common import add_common_args, prepare_out, write_result
 
 from hybridkv.store.codec import codec_backend
 from hybridkv.store.writer import DEFAULT_INLINE_BYTES
+from hybridkv.testing.replay import make_config, replay
 from hybridkv.tools.bench_traces import shared_prefix_trace
-from hybridkv.tools.replay import make_config, replay
 
 NUM_BLOCKS = 4096
 
@@ -43,12 +43,12 @@ def run(config: str, trace, store: bool, inline_bytes: int = DEFAULT_INLINE_BYTE
     adapter = TieredAdapter(make_config(config, NUM_BLOCKS), 4 * NUM_BLOCKS if store else 0,
                             "hybrid", flush_each_lookup=False, inline_write_bytes=inline_bytes)
     c0 = time.thread_time()
-    res = replay(trace, adapter, max_running=64, max_batched_tokens=8192)
+    res = replay(trace.requests, adapter, max_running=64, max_batched_tokens=8192, timed=True)
     main_cpu = time.thread_time() - c0
     out = {"requests_per_s": res.requests_per_s, "wall_s": res.wall_s,
            "hit_rate": round(res.hit_rate, 5), "main_cpu_s": main_cpu, "writer_cpu_s": 0.0,
            "written_blocks": 0, "inline_blocks": 0, "dropped_blocks": 0, "store_keys": 0,
-           "leak_free": adapter.num_free_blocks() == NUM_BLOCKS - 1}
+           "leak_free": adapter.num_free_blocks == NUM_BLOCKS - 1}
     if adapter.tier is not None:
         adapter.tier.close()  # writes what is queued: counted in the writer's CPU time
         stats = adapter.tier.stats()
