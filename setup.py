@@ -1,14 +1,19 @@
-"""Build of the C hashing extension; the project metadata lives in pyproject.toml.
+"""Build of the C extensions; the project metadata lives in pyproject.toml.
 
-`hybridkv.kv_cache._chainhash` (chained block hashing) needs only a C compiler
-and Python's headers: SHA-256 is written in the package (`_sha256.c`, with the
-x86 SHA extensions picked at run time) and xxHash is the vendored header-only
-library (`_vendor/xxhash.h`, BSD-2-Clause). It links no library.
+Each needs only a C compiler and Python's headers and links no library:
 
-When it cannot be built (no compiler, no Python headers) the install still
-succeeds, prints a warning and leaves the reason in
-`hybridkv/kv_cache/_chainhash.build-error.txt`; `hybridkv.kv_cache.hashing`
-then warns once and hashes in pure Python (same digests, about 7x slower).
+- `hybridkv.kv_cache._chainhash` (chained block hashing): SHA-256 is written
+  in the package (`_sha256.c`, with the x86 SHA extensions picked at run
+  time) and xxHash is the vendored header-only library (`_vendor/xxhash.h`,
+  BSD-2-Clause);
+- `hybridkv.kv_cache._fastpath` (the KV cache manager's hot paths, `_fp_*.c`);
+- `hybridkv.store._codec` (the KV tier's batch encoding and eviction selection).
+
+When one cannot be built (no compiler, no Python headers) the install still
+succeeds, prints a warning and leaves the reason beside the module
+(`<module>.build-error.txt`); the package then warns once and runs the
+pure-Python code instead (same results, slower: hashing about 7x, the
+scheduler path several times; store payloads encoded in Python, same bytes).
 """
 
 from __future__ import annotations
@@ -23,24 +28,55 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 _BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError)
 _KV_CACHE = os.path.join("hybridkv", "kv_cache")
-BUILD_ERROR_FILE = "_chainhash.build-error.txt"
+_STORE = os.path.join("hybridkv", "store")
 
 CHAINHASH = Extension(
     "hybridkv.kv_cache._chainhash",
-    sources=[os.path.join(_KV_CACHE, "_chainhash.c"), os.path.join(_KV_CACHE, "_sha256.c")],
-    depends=[os.path.join(_KV_CACHE, "_sha256.h"),
+    sources=[os.path.join(_KV_CACHE, name)
+             for name in ("_chainhash.c", "_sha256.c", "_hashmemo.c")],
+    depends=[os.path.join(_KV_CACHE, "_sha256.h"), os.path.join(_KV_CACHE, "_hashmemo.h"),
              os.path.join(_KV_CACHE, "_vendor", "xxhash.h")],
     include_dirs=[_KV_CACHE],
     optional=True,
 )
+FASTPATH = Extension(
+    "hybridkv.kv_cache._fastpath",
+    sources=[os.path.join(_KV_CACHE, name) for name in (
+        "_fp_module.c", "_fp_types.c", "_fp_request.c", "_fp_manager.c", "_fp_bind.c",
+        "_fp_pool.c", "_fp_group.c", "_fp_release.c", "_fp_alloc.c", "_fp_lookup.c")],
+    depends=[os.path.join(_KV_CACHE, "_fastpath.h")],
+    include_dirs=[_KV_CACHE],
+    optional=True,
+)
+CODEC = Extension(
+    "hybridkv.store._codec",
+    sources=[os.path.join(_STORE, name) for name in ("_codec.c", "_lrutable.c", "_recorder.c")],
+    depends=[os.path.join(_STORE, "_codec.h"), os.path.join(_KV_CACHE, "_vendor", "xxhash.h")],
+    include_dirs=[_KV_CACHE],
+    optional=True,
+)
+# what each extension does, and what runs instead when it is missing
+_ROLES = {
+    CHAINHASH.name: ("C hashing extension", "block hashing falls back to pure Python (~7x "
+                                            "slower)"),
+    FASTPATH.name: ("C fast-path extension", "the KV cache manager runs its pure-Python "
+                                             "reference (several times slower)"),
+    CODEC.name: ("C KV store codec", "KV store payloads are encoded in Python (slower)"),
+}
+
+
+def build_error_file(ext_name: str) -> str:
+    """The file recording why an extension was not built: `<module>.build-error.txt`."""
+    return ext_name.rpartition(".")[2] + ".build-error.txt"
 
 
 def _banner(ext_name: str, reason: str) -> None:
     line = "=" * 78
-    print(f"\n{line}\nWARNING: hybridkv's C hashing extension {ext_name} was NOT built:\n"
-          f"  {reason}\nhybridkv still works, but block hashing falls back to pure Python "
-          f"(~7x slower).\nInstall a C compiler and Python's headers (Debian: apt-get install "
-          f"gcc python3-dev)\nand reinstall to get the fast path.\n{line}\n", file=sys.stderr)
+    what, fallback = _ROLES[ext_name]
+    print(f"\n{line}\nWARNING: hybridkv's {what} {ext_name} was NOT built:\n"
+          f"  {reason}\nhybridkv still works, but {fallback}.\nInstall a C compiler and "
+          f"Python's headers (Debian: apt-get install gcc python3-dev)\nand reinstall to get "
+          f"the fast path.\n{line}\n", file=sys.stderr)
 
 
 class OptionalBuildExt(build_ext):
@@ -64,7 +100,7 @@ class OptionalBuildExt(build_ext):
             if reason is not None:
                 _banner(ext.name, reason)
             for folder in self._module_folders(ext, inplace):
-                _write_marker(folder, reason)
+                _write_marker(os.path.join(folder, build_error_file(ext.name)), reason)
 
     def build_extension(self, ext: Extension) -> None:
         try:
@@ -91,16 +127,15 @@ def _reason(err: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _write_marker(folder: str, reason: str | None) -> None:
-    """Record `reason` in `folder`, or remove a stale record when the build worked."""
-    path = os.path.join(folder, BUILD_ERROR_FILE)
+def _write_marker(path: str, reason: str | None) -> None:
+    """Record `reason` in `path`, or remove a stale record when the build worked."""
     if reason is None:
         if os.path.exists(path):
             os.remove(path)
         return
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(reason + "\n")
 
 
-setup(ext_modules=[CHAINHASH], cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=[CHAINHASH, FASTPATH, CODEC], cmdclass={"build_ext": OptionalBuildExt})

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_hashmemo.h"
 #include "_sha256.h"
 
 /* xxHash compiled into this module: no library, static symbols only */
@@ -181,12 +182,34 @@ copy_prefix(unsigned char *dst, const char *src, Py_ssize_t n)
         memcpy(dst, src, (size_t)n);
 }
 
+/* The digest of one block input (a new bytes object): from the memo when
+ * `memo` and it was hashed before, else computed (and memoized). */
+static PyObject *
+block_digest(int algo, const unsigned char *buf, size_t len, int memo)
+{
+    uint64_t key = 0;
+    if (memo) {
+        PyObject *known = hkv_memo_get(buf, len, &key);
+        if (known != NULL)
+            return known;
+    }
+    PyObject *h = PyBytes_FromStringAndSize(NULL, digest_size(algo));
+    if (h == NULL)
+        return NULL;
+    digest(algo, buf, len, (unsigned char *)PyBytes_AS_STRING(h));
+    if (memo && hkv_memo_put(buf, len, key, h) < 0) {
+        Py_DECREF(h);
+        return PyErr_NoMemory();
+    }
+    return h;
+}
+
 /* Hashes the chain into result (a list of num_blocks NULL slots).
  * buf holds one block input: [previous digest | tokens | extra]. */
 static int
 run_chain(int algo, const char *parent, Py_ssize_t parent_len, PyObject *seq,
           Py_ssize_t first_token, Py_ssize_t num_blocks, Py_ssize_t block_size, const char *extra,
-          Py_ssize_t extra_len, unsigned char *buf, PyObject *result)
+          Py_ssize_t extra_len, unsigned char *buf, PyObject *result, int memo)
 {
     Py_ssize_t token_bytes = block_size * 4;
     Py_ssize_t out_len = digest_size(algo);
@@ -200,13 +223,12 @@ run_chain(int algo, const char *parent, Py_ssize_t parent_len, PyObject *seq,
         if (extra_len > 0)
             memcpy(tok + token_bytes, extra, (size_t)extra_len);
         size_t len = (size_t)(prev_len + token_bytes + extra_len);
-        PyObject *h = PyBytes_FromStringAndSize(NULL, out_len);
+        PyObject *h = block_digest(algo, buf, len, memo);
         if (h == NULL)
             return -1;
         PyList_SET_ITEM(result, k, h);
-        prev = PyBytes_AS_STRING(h);  /* the digest is written in place */
+        prev = PyBytes_AS_STRING(h);
         prev_len = out_len;
-        digest(algo, buf, len, (unsigned char *)prev);
     }
     return 0;
 }
@@ -241,7 +263,7 @@ check_args(int algo, Py_ssize_t num_tokens, Py_ssize_t first_token, Py_ssize_t n
 static PyObject *
 chain_impl(int algo, const char *parent, Py_ssize_t parent_len, PyObject *seq,
            Py_ssize_t first_token, Py_ssize_t num_blocks, Py_ssize_t block_size,
-           const char *extra, Py_ssize_t extra_len)
+           const char *extra, Py_ssize_t extra_len, int memo)
 {
     if (check_args(algo, PySequence_Fast_GET_SIZE(seq), first_token, num_blocks, block_size) < 0)
         return NULL;
@@ -261,7 +283,7 @@ chain_impl(int algo, const char *parent, Py_ssize_t parent_len, PyObject *seq,
         return PyErr_NoMemory();
     }
     int rc = run_chain(algo, parent, parent_len, seq, first_token, num_blocks, block_size, extra,
-                       extra_len, buf, result);
+                       extra_len, buf, result, memo);
     if (buf != stack_buf)
         PyMem_Free(buf);
     if (rc < 0) {
@@ -272,7 +294,7 @@ chain_impl(int algo, const char *parent, Py_ssize_t parent_len, PyObject *seq,
 }
 
 static PyObject *
-chain(PyObject *Py_UNUSED(self), PyObject *args)
+chain_args(PyObject *args, int memo)
 {
     int algo;
     const char *parent, *extra;
@@ -285,9 +307,41 @@ chain(PyObject *Py_UNUSED(self), PyObject *args)
     if (seq == NULL)
         return NULL;
     PyObject *result = chain_impl(algo, parent, parent_len, seq, first_token, num_blocks,
-                                  block_size, extra, extra_len);
+                                  block_size, extra, extra_len, memo && algo == ALGO_SHA256);
     Py_DECREF(seq);
     return result;
+}
+
+static PyObject *
+chain(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    return chain_args(args, 0);
+}
+
+#ifdef Py_GIL_DISABLED
+#define MEMO_ON 0  /* the memo relies on the GIL */
+#else
+#define MEMO_ON 1
+#endif
+
+static PyObject *
+chain_cached(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    return chain_args(args, MEMO_ON);
+}
+
+PyDoc_STRVAR(chain_cached_doc,
+"chain_cached(algo_id, parent, token_ids, first_token, num_blocks, block_size, extra)\n"
+"\n"
+"chain(), with SHA-256 block digests taken from a bounded memo of recently\n"
+"hashed block inputs when the same input was hashed before (the same digest\n"
+"objects; see _hashmemo.h). The KV cache manager hashes requests with it.");
+
+static PyObject *
+clear_memo(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args))
+{
+    hkv_memo_clear();
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(chain_doc,
@@ -363,6 +417,8 @@ PyDoc_STRVAR(force_portable_sha256_doc,
 
 static PyMethodDef chainhash_methods[] = {
     {"chain", chain, METH_VARARGS, chain_doc},
+    {"chain_cached", chain_cached, METH_VARARGS, chain_cached_doc},
+    {"clear_memo", clear_memo, METH_NOARGS, "Empty chain_cached's memo (for tests)."},
     {"max_token", max_token, METH_O, max_token_doc},
     {"sha256_backend", sha256_backend, METH_NOARGS, sha256_backend_doc},
     {"force_portable_sha256", force_portable_sha256, METH_O, force_portable_sha256_doc},

@@ -16,6 +16,7 @@ map only when it is taken for new data.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.events import (
@@ -31,10 +32,15 @@ from hybridkv.kv_cache.eviction import (
     Rating,
     make_eviction_policy,
 )
+from hybridkv.kv_cache.fastpath import native
 
 
-class Block:
-    """One block record. `block_hash`/`group_id` are set while it caches data."""
+class PyBlock:
+    """One block record. `block_hash`/`group_id` are set while it caches data.
+
+    The pure-Python reference of `_fastpath.Block`, which is `Block` when the
+    C extension is built (same fields, read and written as attributes).
+    """
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "group_id", "num_hits", "value_hint",
                  "queue_slot", "__weakref__")
@@ -53,6 +59,15 @@ class Block:
     def __repr__(self) -> str:
         h = self.block_hash.hex()[:8] if self.block_hash else None
         return f"Block({self.block_id}, ref={self.ref_cnt}, hash={h})"
+
+
+if TYPE_CHECKING:
+    Block = PyBlock
+elif native is not None:
+    native.configure(NORMAL_VALUE)
+    Block = native.Block
+else:
+    Block = PyBlock
 
 
 class BlockPool:
@@ -78,6 +93,7 @@ class BlockPool:
         self._subscribers: list[EventSubscriber] = []
         self._stale_listeners: list[Callable[[list[int]], None]] = []
         self._evict_listeners: list[Callable[[list[Block]], None]] = []
+        self._filter_evicted = False  # a listener wants cached blocks only
 
     # ---- queries -------------------------------------------------------------
 
@@ -292,15 +308,20 @@ class BlockPool:
         """
         self._stale_listeners.append(callback)
 
-    def on_evict(self, callback: Callable[[list[Block]], None]) -> None:
+    def on_evict(self, callback: Callable[[list[Block]], None], *,
+                 skips_empty: bool = False) -> None:
         """Call `callback(blocks)` with cached blocks taken for new data, before
         they lose their hash and rating: their pages still hold the data (a
         second tier copies it out here, or notes it to copy before the pages
-        are next written). The blocks must not be changed."""
+        are next written). The blocks must not be changed. A callback that
+        `skips_empty` may also get blocks that cached nothing (no hash), which
+        spares the pool a filtering pass while it is the only kind listening."""
         self._evict_listeners.append(callback)
+        self._filter_evicted = self._filter_evicted or not skips_empty
 
     def _notify_evict(self, blocks: list[Block]) -> None:
-        evicted = [b for b in blocks if b.block_hash is not None]
+        evicted = [b for b in blocks if b.block_hash is not None] \
+            if self._filter_evicted else blocks
         if evicted:
             for callback in self._evict_listeners:
                 callback(evicted)

@@ -158,10 +158,10 @@ class HybridCoordinator:
         return tuple([m.allocate_new_blocks(request, num_computed_tokens, num_tokens)
                       for m in managers])
 
-    def cache_blocks(self, request: Request, block_hashes: Sequence[bytes] | None,
+    def cache_blocks(self, request: Request, block_hashes: Callable[[], Sequence[bytes]] | None,
                      num_tokens: int) -> tuple[int, int]:
         """After `allocate`: cache the full blocks among the first `num_tokens`
-        tokens (unless `block_hashes` is None).
+        tokens (unless `block_hashes`, the request's hashes when called, is None).
 
         Returns the request's fast-path limits (max tokens, max computed
         tokens): up to them an allocation changes nothing in any group (see

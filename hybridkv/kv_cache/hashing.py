@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import xxhash
 
 from hybridkv.kv_cache.checks import check_int
+from hybridkv.kv_cache.fastpath import native as _fastpath
 
 ALLOW_PYTHON_ENV = "HYBRIDKV_ALLOW_PYTHON_HASHING"
 _BUILD_ERROR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -62,6 +63,9 @@ def _load_extension() -> tuple[Any, str | None]:
 
 
 _chainhash, EXTENSION_ERROR = _load_extension()
+_chain: Any = getattr(_chainhash, "chain", None)
+# (a build older than this module has no memo: requests' hashers use chain)
+_chain_cached: Any = getattr(_chainhash, "chain_cached", _chain)
 # (None with a build older than this module: the checks then run in Python)
 _max_token = getattr(_chainhash, "max_token", None)
 _warned_fallback = False
@@ -187,14 +191,20 @@ class BlockHasher:
     """Hashes the blocks of one token stream (one request), incrementally.
 
     Holds the request's keys (salt, LoRA, multimodal items); `extend` hashes
-    the full blocks not hashed yet and appends them to `hashes`.
+    the full blocks not hashed yet and appends them to `hashes`. `memo=True`
+    (requests' hashers) takes SHA-256 block digests from the C extension's
+    bounded memo of recently hashed blocks when the same block (same parent,
+    tokens and keys) was hashed before: same digests, computed once per
+    shared prefix (see `_hashmemo.h`).
     """
 
-    __slots__ = ("hash_algo", "block_size", "hashes", "_lora", "_salt", "_mm", "_digest")
+    __slots__ = ("hash_algo", "block_size", "hashes", "_lora", "_salt", "_mm", "_digest",
+                 "_chain")
 
     def __init__(self, hash_algo: str, block_size: int, *, cache_salt: str | bytes | None = None,
                  lora_name: str | None = None,
-                 mm_items: Sequence[MultiModalItem] | None = None) -> None:
+                 mm_items: Sequence[MultiModalItem] | None = None, memo: bool = False) -> None:
+        self._chain = _chain_cached if memo else _chain
         self.hash_algo = check_hash_algo(hash_algo)
         check_int("block_size", block_size, 1)
         self.block_size = block_size
@@ -237,7 +247,7 @@ class BlockHasher:
         parent = self.hashes[-1] if self.hashes else _SEEDS[self.hash_algo]
         if _chainhash is not None and not self._mm and not (first == 0 and self._salt):
             # every block's extra is the LoRA key: one call, no run splitting
-            self.hashes.extend(_chainhash.chain(_ALGO_IDS[self.hash_algo], parent, tokens,
+            self.hashes.extend(self._chain(_ALGO_IDS[self.hash_algo], parent, tokens,
                                                 (first - base) * bs, last - first, bs, self._lora))
             return
         out: list[BlockHash] = []
@@ -279,7 +289,7 @@ class BlockHasher:
         extra = self._extra(i)
         bs = self.block_size
         if _chainhash is not None:
-            hashes = _chainhash.chain(_ALGO_IDS[self.hash_algo], parent, tokens, (i - base) * bs,
+            hashes = self._chain(_ALGO_IDS[self.hash_algo], parent, tokens, (i - base) * bs,
                                       j - i, bs, extra)
             out.extend(hashes)
             return hashes[-1]
@@ -341,3 +351,7 @@ def max_token_id(token_ids: Sequence[int]) -> int:
         raise ValueError("token_ids: max of no tokens")
     BlockHasher._pack(token_ids)
     return max(token_ids)
+
+
+if _fastpath is not None and _chainhash is not None:  # requests' hashes extend in C
+    _fastpath.configure_hashing(BlockHasher, _chain_cached, _ALGO_IDS, _SEEDS)

@@ -13,30 +13,55 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
 
+from hybridkv.kv_cache import fastpath
 from hybridkv.kv_cache.block_pool import Block, BlockPool
 from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.coordinator import GroupBlocks, HybridCoordinator
 from hybridkv.kv_cache.events import EventSubscriber
 from hybridkv.kv_cache.eviction import DEFAULT_EVICTION_POLICY
 from hybridkv.kv_cache.external import BlockImport, begin_import, end_import
+from hybridkv.kv_cache.fastpath import native
 from hybridkv.kv_cache.hashing import check_hash_algo
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
-from hybridkv.kv_cache.managers import MambaManager, MambaStatePlan, mamba_state_plan
+from hybridkv.kv_cache.managers import (
+    ChunkedLocalAttentionManager,
+    FullAttentionManager,
+    MambaManager,
+    MambaStatePlan,
+    SinkFullAttentionManager,
+    SlidingWindowManager,
+    mamba_state_plan,
+)
 from hybridkv.kv_cache.managers.base import Lookup
 from hybridkv.kv_cache.request import Request
 
+# the manager types the C paths know, exactly (a subclass may change any rule)
+NATIVE_KINDS = {FullAttentionManager: fastpath.KIND_FULL,
+                SinkFullAttentionManager: fastpath.KIND_FULL,
+                SlidingWindowManager: fastpath.KIND_SLIDING,
+                ChunkedLocalAttentionManager: fastpath.KIND_CHUNKED,
+                MambaManager: fastpath.KIND_MAMBA}
 # lookups of one prompt start that found nothing before a warning is issued
 REPEATED_MISS_WARNING = 3
 
 
-class KVCacheBlocks:
+if TYPE_CHECKING:
+    BlocksBase = fastpath.BlocksCore
+    ManagerBase = fastpath.ManagerCore
+    _Held = fastpath.Held
+else:  # the C extension's types when built, else the Python reference
+    _core = native if native is not None else fastpath
+    BlocksBase, ManagerBase, _Held = _core.BlocksCore, _core.ManagerCore, _core.Held
+
+
+class KVCacheBlocks(BlocksBase):
     """Blocks per group, as returned by `get_computed_blocks` and `allocate_slots`."""
 
-    __slots__ = ("blocks",)
-
-    def __init__(self, blocks: GroupBlocks) -> None:
-        self.blocks = blocks
+    __slots__ = ()
+    blocks: GroupBlocks
 
     def get_block_ids(self) -> tuple[list[int], ...]:
         return tuple([b.block_id for b in group] for group in self.blocks)
@@ -77,25 +102,7 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
-class _Held:
-    """A request holding blocks, as the manager tracks it.
-
-    `junction`: how far its prompt matched cached full-attention blocks at its
-    last lookup (groups rate and keep blocks by it). Fast path: up to
-    `max_tokens` tokens and `max_computed` computed tokens, an allocation
-    changes nothing in any group.
-    """
-
-    __slots__ = ("request", "junction", "max_tokens", "max_computed")
-
-    def __init__(self, request: Request, junction: int) -> None:
-        self.request = request
-        self.junction = junction
-        self.max_tokens = 0
-        self.max_computed = 0
-
-
-class KVCacheManager:
+class KVCacheManager(ManagerBase):
     """Prefix-cached KV blocks for every group of a (hybrid) model on one pool.
 
     Args:
@@ -117,6 +124,7 @@ class KVCacheManager:
         if not isinstance(kv_cache_config, KVCacheConfig):
             raise ValueError(f"kv_cache_config must be a KVCacheConfig, "
                              f"got {type(kv_cache_config).__name__}")
+        fastpath.warn_if_missing()
         self.hash_algo = check_hash_algo(hash_algo)
         self.enable_caching = bool(enable_caching)
         self.config = kv_cache_config
@@ -134,6 +142,10 @@ class KVCacheManager:
         self._no_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
         self._missed_prefixes: dict[bytes, int] = {}
         self._warned = not warn_repeated_misses
+        groups = [(m, NATIVE_KINDS.get(type(m), fastpath.KIND_OTHER))
+                  for m in self.coordinator.managers]
+        self._bind(Request, KVCacheBlocks, self.pool, groups, self.coordinator.alignment,
+                   self.enable_caching)
 
     # ---- lookups -------------------------------------------------------------
 
@@ -147,6 +159,10 @@ class KVCacheManager:
             raise ValueError(f"request must be a Request, got {type(request).__name__}")
         if not self.enable_caching:
             return self._no_blocks, 0
+        return self._lookup(request)  # in C when built (ManagerBase), else _lookup_py
+
+    def _lookup_py(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """`get_computed_blocks` after its checks (the reference of the C path)."""
         hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
         hit = self.coordinator.find_longest_cache_hit(hashes, request.num_tokens - 1)
         num_tokens, matched = hit.length, hit.matched
@@ -162,12 +178,12 @@ class KVCacheManager:
         for g, n in enumerate(hit.group_lengths):
             stats.group_hits[g] += n
         if num_tokens == 0 and hashes:
-            self._note_repeated_miss(hashes[0])
+            self._note_repeated_miss(hashes[0], stacklevel=4)  # (a frame more than C's)
         return KVCacheBlocks(hit.blocks), num_tokens
 
-    def _note_repeated_miss(self, first_hash: bytes) -> None:
+    def _note_repeated_miss(self, first_hash: bytes, stacklevel: int = 3) -> None:
         """Count prompt starts that keep missing (reuse is being lost); warn the
-        first time unless told not to."""
+        first time unless told not to (at the caller of get_computed_blocks)."""
         misses = self._missed_prefixes
         count = misses.get(first_hash, 0) + 1
         if len(misses) >= 4096 and first_hash not in misses:
@@ -184,38 +200,29 @@ class KVCacheManager:
                 f"too small for the working set, or blocks are evicted before reuse (see "
                 f"prefix_cache_stats: evictions, stranded_tokens; this warning is issued once "
                 f"per manager, warn_repeated_misses=False turns it off)", RuntimeWarning,
-                stacklevel=3)
+                stacklevel=stacklevel)
+
+    def note_reuse_elsewhere(self, request: Request) -> None:
+        """The prompt start of `request`, which its last lookup found nowhere in
+        the pool, is reused from a second tier after all (a KV store): that
+        lookup does not count toward the repeated-miss warning."""
+        hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
+        count = self._missed_prefixes.get(hashes[0], 0) if hashes else 0
+        if count > 1:
+            self._missed_prefixes[hashes[0]] = count - 1
+        elif count:
+            del self._missed_prefixes[hashes[0]]
 
     # ---- allocation ----------------------------------------------------------
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       num_new_computed_tokens: int = 0,
-                       new_computed_blocks: KVCacheBlocks | None = None) -> KVCacheBlocks | None:
-        """Reserve slots for the next `num_new_tokens` tokens after the computed ones.
+    # allocate_slots: ManagerBase (the C extension's, or fastpath.ManagerCore) returns at
+    # once when nothing changes; an allocation of a request it holds goes to `_allocate`,
+    # any other call to `_allocate_checked`.
 
-        `num_new_computed_tokens`/`new_computed_blocks` adopt a hit from
-        `get_computed_blocks` (for a request that holds no blocks). Returns
-        the newly allocated blocks per group, or None, with no state change
-        at all, when the pool can't supply them now: other requests hold
-        blocks, wait for them (or preempt one).
-
-        Raises ValueError, changing nothing, for counts past the request's
-        tokens, a hit that does not match, or an allocation the pool could not
-        supply even with no other request holding blocks: waiting would never
-        help (`can_fit` tells beforehand whether a request fits at all).
-        """
-        if not num_new_computed_tokens and isinstance(request, Request):
-            held = self._held.get(request.request_id)
-            if held is not None and held.request is request and type(num_new_tokens) is int \
-                    and num_new_tokens >= 0:  # a request this manager holds: checked already
-                computed = request.num_computed_tokens
-                num_tokens = computed + num_new_tokens
-                if num_tokens <= len(request.all_token_ids):
-                    if num_tokens <= held.max_tokens and computed <= held.max_computed:
-                        return self._no_blocks  # fast path: an allocation that changes nothing
-                    if type(num_new_computed_tokens) is int:
-                        return self._allocate(held, computed, num_tokens, None,
-                                              computed > held.max_computed)
+    def _allocate_checked(self, request: Request, num_new_tokens: int,
+                          num_new_computed_tokens: int,
+                          new_computed_blocks: KVCacheBlocks | None) -> KVCacheBlocks | None:
+        """`allocate_slots` with every argument checked (see its docstring)."""
         num_tokens = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                             new_computed_blocks)
         hit = new_computed_blocks.blocks if num_new_computed_tokens else None  # type: ignore
@@ -225,23 +232,26 @@ class KVCacheManager:
             held = _Held(request, self._junctions.get(request, 0))
         return self._allocate(held, computed, num_tokens, hit)
 
-    def _allocate(self, held: _Held, computed: int, num_tokens: int,
-                  hit: GroupBlocks | None, releases: bool = True) -> KVCacheBlocks | None:
-        """Check, then commit, an allocation the caller has validated.
+    def _allocate_py(self, held: _Held, computed: int, num_tokens: int,
+                     hit: GroupBlocks | None, releases: bool = True) -> KVCacheBlocks | None:
+        """Check, then commit, an allocation the caller has validated (`_allocate`
+        runs this in C when built; this is the reference).
 
         `releases=False` when the request's own limits show no group
         releases a block at `computed`."""
         coordinator, request, junction = self.coordinator, held.request, held.junction
         need = coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit, junction)
-        if need > len(self.pool.free_queue) and not self._make_room(held, need):
+        if need > 0 and need > len(self.pool.free_queue) and not self._make_room(held, need):
             return None
         new_blocks = coordinator.allocate(request, computed, num_tokens, hit, junction,
                                           releases)
-        hashes = request.block_hashes(self.hash_algo, self.hash_block_size) \
+        hashes = partial(request.block_hashes, self.hash_algo, self.hash_block_size) \
             if self.enable_caching else None
         held.max_tokens, held.max_computed = coordinator.cache_blocks(request, hashes,
                                                                       num_tokens)
         self._held[request.request_id] = held
+        if not any(new_blocks):
+            return self._no_blocks  # no new block: the shared empty result
         return KVCacheBlocks(new_blocks)
 
     def _make_room(self, held: _Held, need: int) -> bool:
@@ -316,8 +326,12 @@ class KVCacheManager:
         if held.request is not request:
             raise ValueError(f"free: request id {request.request_id!r} is held by another "
                              f"Request object; free that one")
-        self.coordinator.free(request, held.junction)
-        del self._held[request.request_id]
+        self._release(held)  # in C when built (ManagerBase), else _release_py
+
+    def _release_py(self, held: _Held) -> None:
+        """`free` after its checks (the reference of the C path)."""
+        self.coordinator.free(held.request, held.junction)
+        del self._held[held.request.request_id]
 
     def _held_entry(self, caller: str, request_id: str) -> _Held:
         held = self._held.get(request_id)
@@ -421,10 +435,12 @@ class KVCacheManager:
         """Cache the imported blocks that arrived; release the import's references."""
         return end_import(self.pool, imp, loaded)
 
-    def on_evict(self, callback: Callable[[list[Block]], None]) -> None:
+    def on_evict(self, callback: Callable[[list[Block]], None], *,
+                 skips_empty: bool = False) -> None:
         """`callback(blocks)` with cached blocks about to be taken for new data
-        (their pages still hold it): a second tier copies them out."""
-        self.pool.on_evict(callback)
+        (their pages still hold it): a second tier copies them out. See
+        `BlockPool.on_evict` for `skips_empty`."""
+        self.pool.on_evict(callback, skips_empty=skips_empty)
 
     def on_stale_blocks(self, callback) -> None:
         """Debug hook: `callback(block_ids)` when blocks stop holding valid data

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from hybridkv.kv_cache.checks import check_int
+from hybridkv.kv_cache.fastpath import RequestCore, native
 from hybridkv.kv_cache.hashing import BlockHasher, MultiModalItem, check_mm_items, check_token_ids
 
-_MAX_TOKEN_ID = 2**32 - 1
+if TYPE_CHECKING:
+    RequestBase = RequestCore
+else:
+    RequestBase = native.RequestCore if native is not None else RequestCore
 
 
-class Request:
+class Request(RequestBase):
     """Token ids of one request and how many of them have KV/state in place.
 
     `num_computed_tokens` follows vLLM's scheduler convention: the caller adds
@@ -24,14 +29,16 @@ class Request:
     vocab_size)), or malformed keys.
     """
 
-    __slots__ = ("request_id", "all_token_ids", "num_computed_tokens",
-                 "cache_salt", "lora_name", "mm_hashes", "max_tokens", "hasher",
-                 "num_prompt_tokens", "__weakref__")
+    __slots__ = ("cache_salt", "lora_name", "mm_hashes", "max_tokens")
 
-    def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *,
-                 cache_salt: str | bytes | None = None, lora_name: str | None = None,
-                 mm_hashes: Sequence[MultiModalItem] | None = None,
-                 max_tokens: int | None = None, vocab_size: int | None = None) -> None:
+    # __init__: RequestCore's (a str id and a list or tuple of token ids, no keys, in C
+    # when built), which calls this for any other call (and to raise):
+    def _init_checked(self, request_id: str, prompt_token_ids: Sequence[int], *,
+                      cache_salt: str | bytes | None = None, lora_name: str | None = None,
+                      mm_hashes: Sequence[MultiModalItem] | None = None,
+                      max_tokens: int | None = None, vocab_size: int | None = None) -> None:
+        """Request(request_id, prompt_token_ids, *, cache_salt=None, lora_name=None,
+        mm_hashes=None, max_tokens=None, vocab_size=None), checked."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         if type(prompt_token_ids) is not list and (isinstance(prompt_token_ids, str | bytes)
@@ -62,26 +69,12 @@ class Request:
         return self.all_token_ids[:self.num_prompt_tokens]
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
     def output_token_ids(self) -> list[int]:
         return self.all_token_ids[self.num_prompt_tokens:]
 
-    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
-        """Append generated token(s); their blocks are hashed when they fill.
-
-        Raises ValueError (appending nothing) for ids not in [0, 2**32).
-        """
-        if type(token_ids) is list and len(token_ids) == 1:  # one decoded token
-            token = token_ids[0]
-            if type(token) is int and 0 <= token <= _MAX_TOKEN_ID:
-                self.all_token_ids.append(token)
-                return
-        elif type(token_ids) is int and 0 <= token_ids <= _MAX_TOKEN_ID:
-            self.all_token_ids.append(token_ids)
-            return
+    # append_output_token_ids: RequestCore (one decoded token at C speed), else:
+    def _append_checked(self, token_ids: int | Sequence[int]) -> None:
+        """Append token(s) of any other shape, checked (ValueError, appending nothing)."""
         if isinstance(token_ids, str | bytes) or not isinstance(token_ids, Sequence):
             token_ids = [token_ids]  # type: ignore[list-item]
         token_ids = list(token_ids)
@@ -92,7 +85,8 @@ class Request:
         """Hashes of every full block so far (computed once, then extended)."""
         hasher = self.hasher
         if hasher is None or hasher.block_size != block_size or hasher.hash_algo != hash_algo:
-            hasher = self.hasher = BlockHasher(hash_algo, block_size, cache_salt=self.cache_salt,
+            hasher = self.hasher = BlockHasher(hash_algo, block_size, memo=True,
+                                               cache_salt=self.cache_salt,
                                                lora_name=self.lora_name, mm_items=self.mm_hashes)
         return hasher.extend(self.all_token_ids)
 

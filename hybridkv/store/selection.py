@@ -39,16 +39,20 @@ class RecentSet:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(2, capacity)
-        self._new: set[bytes] = set()
-        self._old: set[bytes] = set()
+        # the two generations, the newer at `_new`; the set objects stay the same
+        # (`sets` may be handed out once and read for the set's life)
+        self.sets: tuple[set[bytes], set[bytes]] = (set(), set())
+        self._new = 0
 
     def update(self, items: Sequence[bytes]) -> None:
-        self._new.update(items)
-        if len(self._new) > self.capacity // 2:
-            self._old, self._new = self._new, set()
+        new = self.sets[self._new]
+        new.update(items)
+        if len(new) > self.capacity // 2:
+            self._new = 1 - self._new
+            self.sets[self._new].clear()
 
     def __contains__(self, item: object) -> bool:
-        return item in self._new or item in self._old
+        return item in self.sets[0] or item in self.sets[1]
 
 
 class Selection:
@@ -62,7 +66,9 @@ class Selection:
         # per group: whether every block is stored, and the tail blocks of recent prompts
         self.always = [select == "all" or m.downward_closed for m in managers]
         self.tails = [RecentSet(MAX_TAIL_HASHES) for _ in managers]
-        self._noted = [g for g, m in enumerate(managers)
+        # (group, manager, blocks before a prompt's end to remember) of those groups
+        self._noted = [(g, m, TAIL_TOKENS // m.block_size + _reach_blocks(m.spec))
+                       for g, m in enumerate(managers)
                        if not self.always[g] and isinstance(m.spec, MambaSpec)]
 
     def worth_storing(self, block: Block) -> bool:
@@ -77,11 +83,9 @@ class Selection:
         keeps the windows of its prompt's tail, a chunked group rates nothing)."""
         if self.select != "hybrid":
             return
-        for g in self._noted:
-            m = self.managers[g]
+        for g, m, tail in self._noted:
             end = request.num_prompt_tokens // m.block_size
-            start = max(0, end - TAIL_TOKENS // m.block_size - _reach_blocks(m.spec))
-            self.tails[g].update(m.group_hashes(hashes, end)[start:end])
+            self.tails[g].update(m.group_hashes(hashes, end)[max(0, end - tail):])
 
 
 def _reach_blocks(spec: KVCacheSpec) -> int:

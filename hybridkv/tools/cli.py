@@ -28,17 +28,20 @@ def _fail(prog: str, message: str) -> int:
 
 
 def version_text() -> str:
-    """`hybridkv --version`: the version and which hashing path runs."""
+    """`hybridkv --version`: the version, the hashing path and the KV cache fast path."""
     from hybridkv import __version__
+    from hybridkv.kv_cache.fastpath import fastpath_backend
     from hybridkv.kv_cache.hashing import hashing_backend
 
-    return f"hybridkv {__version__}\nblock hashing: {hashing_backend().describe()}"
+    return (f"hybridkv {__version__}\nblock hashing: {hashing_backend().describe()}\n"
+            f"KV cache fast path: {fastpath_backend().describe()}")
 
 
 class _VersionAction(argparse.Action):
     def __init__(self, option_strings, dest, **kwargs) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="print the version and the "
-                         "hashing path (C extension or pure-Python fallback), then exit")
+        super().__init__(option_strings, dest, nargs=0, help="print the version, the "
+                         "hashing path and the KV cache fast path (C extensions or pure-Python "
+                         "fallbacks), then exit")
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         print(version_text())

@@ -28,7 +28,7 @@ from hybridkv.kv_cache import hashing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KV_CACHE = os.path.join(ROOT, "hybridkv", "kv_cache")
-SOURCES = ("_chainhash.c", "_sha256.c", "_sha256.h")
+SOURCES = ("_chainhash.c", "_sha256.c", "_sha256.h", "_hashmemo.c", "_hashmemo.h")
 
 
 @pytest.fixture
@@ -123,6 +123,11 @@ HASH_TWICE = ("from hybridkv import compute_block_hashes as h; "
               "h(list(range(64)), 16); h(list(range(64)), 16, hash_algo='xxhash')")
 
 
+MAKE_MANAGER = ("from hybridkv import KVCacheManager; from hybridkv.testing.replay import "
+                "make_config; KVCacheManager(make_config('full', 8)); "
+                "KVCacheManager(make_config('swa', 8))")
+
+
 def test_failed_build_installs_warns_and_is_named_at_run_time(tmp_path):
     src = _copy_sources(tmp_path)
     build = _run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], src, CC="false")
@@ -143,6 +148,14 @@ def test_failed_build_installs_warns_and_is_named_at_run_time(tmp_path):
     version = _run([sys.executable, "-m", "hybridkv.tools.cli", "--version"], src)
     assert version.returncode == 0, version.stderr
     assert "pure Python fallback" in version.stdout and "CompileError" in version.stdout
+    # the manager's fast path: the same story
+    assert "C fast-path extension hybridkv.kv_cache._fastpath was NOT built" in build.stderr
+    assert os.path.exists(os.path.join(src, "hybridkv", "kv_cache", "_fastpath.build-error.txt"))
+    assert "KV cache fast path: pure Python reference" in version.stdout
+    manager = _run([sys.executable, "-c", MAKE_MANAGER], src)
+    assert manager.returncode == 0, manager.stderr
+    warned = [ln for ln in manager.stderr.splitlines() if "fast-path extension not built" in ln]
+    assert len(warned) == 1 and "build failed: CompileError" in warned[0], manager.stderr
 
 
 def test_missing_module_is_named_and_a_good_build_clears_the_record(tmp_path):

@@ -109,6 +109,35 @@ def test_chain_every_input_length_class(ext, algo, parent_len, block_size, extra
 
 
 @pytest.mark.parametrize("algo", ALGOS)
+def test_chain_cached_equals_chain(ext, algo):
+    """The memoized chain (requests' hashers) returns chain()'s digests, hashed or from the
+    memo: inputs repeated, more of them than the memo holds (slots replaced), and inputs
+    one byte away from a memoized one (parent, token or extra)."""
+    ext.clear_memo()
+    algo_id, rng = hashing._ALGO_IDS[algo], random.Random(5)
+    cases = []
+    for i in range(12000):
+        block_size = rng.choice((1, 4, 16, 64))
+        tokens = _tokens(block_size * 3, seed=i % 400)
+        parent = hashing.seed_hash(algo) if i % 3 else bytes([i % 5]) * 32
+        cases.append((parent, tokens, block_size, rng.choice((b"", b"L\x01\x00\x00\x00a"))))
+    for parent, tokens, block_size, extra in cases + cases[::-1]:
+        want = ext.chain(algo_id, parent, tokens, 0, 3, block_size, extra)
+        assert ext.chain_cached(algo_id, parent, tokens, 0, 3, block_size, extra) == want
+    parent, tokens, block_size, extra = cases[-1]
+    memoized = ext.chain_cached(algo_id, parent, tokens, 0, 3, block_size, extra)
+    for changed in ((bytes([parent[0] ^ 1]) + parent[1:], tokens, extra),
+                    (parent, tokens[:-1] + [tokens[-1] ^ 1], extra),
+                    (parent, tokens, extra + b"!")):
+        got = ext.chain_cached(algo_id, changed[0], changed[1], 0, 3, block_size, changed[2])
+        assert got == _oracle_chain(algo, changed[0], changed[1], 0, 3, block_size, changed[2])
+        assert got[-1] != memoized[-1]
+    if algo == "sha256":  # the memo hands out the digest objects it holds
+        again = ext.chain_cached(algo_id, parent, tokens, 0, 3, block_size, extra)
+        assert all(a is b for a, b in zip(again, memoized))
+
+
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("options", OPTIONS, ids=["plain", "salt", "lora", "mm", "all"])
 def test_compute_block_hashes_c_equals_python(ext, monkeypatch, algo, block_size, options):

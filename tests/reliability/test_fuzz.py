@@ -15,6 +15,7 @@ from unittest.mock import patch
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
+from hybridkv.kv_cache import kv_cache_manager
 from hybridkv.kv_cache.block_pool import BlockPool
 from hybridkv.kv_cache.eviction import NORMAL_VALUE
 from hybridkv.kv_cache.managers.base import SingleTypeManager
@@ -96,7 +97,9 @@ PLANTED = {
 def test_shadow_catches_planted_bug(bug):
     planted, configs = PLANTED[bug]
     machine = make_machine(configs, ["lru"], check_oracle=False)
-    with planted, pytest.raises(ShadowViolation):
+    # the bugs are planted in Python methods: the managers run the Python paths
+    python_paths = patch.object(kv_cache_manager, "NATIVE_KINDS", {})
+    with planted, python_paths, pytest.raises(ShadowViolation):
         run_state_machine_as_test(machine, settings=fuzz_settings(300, steps=50, shrink=False))
 
 

@@ -217,18 +217,25 @@ class SingleTypeManager(ABC):
         blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, request: Request, block_hashes: Sequence[bytes],
+    def cache_blocks(self, request: Request, block_hashes: Callable[[], Sequence[bytes]],
                      num_tokens: int) -> None:
-        """Make the request's full blocks among the first `num_tokens` tokens reusable."""
+        """Make the request's full blocks among the first `num_tokens` tokens reusable.
+
+        `block_hashes()` gives the request's hashes; it is called only when a
+        block is to be cached (hashing is lazy)."""
         rid = request.request_id
-        num_full = min(num_tokens // self.block_size, len(block_hashes) // self.stride)
+        num_full = num_tokens // self.block_size
         start = self.num_cached_blocks.get(rid, 0)
+        if num_full <= start:
+            return
+        hashes = block_hashes()
+        num_full = min(num_full, len(hashes) // self.stride)
         if num_full <= start:
             return
         blocks = self.req_to_blocks[rid]
         # this group's keys: the hash list itself when blocks are hash-sized
-        hashes = block_hashes if self.stride == 1 else self.group_hashes(block_hashes, num_full)
-        self.pool.cache_blocks(blocks, hashes, start, num_full, self.group_id)
+        group = hashes if self.stride == 1 else self.group_hashes(hashes, num_full)
+        self.pool.cache_blocks(blocks, group, start, num_full, self.group_id)
         self.num_cached_blocks[rid] = num_full
 
     def free(self, request: Request, junction: int) -> None:

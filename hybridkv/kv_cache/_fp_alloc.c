@@ -1,0 +1,238 @@
+/* KVCacheManager._allocate in C: check, then commit, an allocation the
+ * caller validated (kv_cache_manager.py `_allocate_py` is the reference):
+ *
+ * 1. every group's net need; when the pool is short, `_make_room` (Python)
+ *    decides (it may release retained blocks, or refuse: None);
+ * 2. release skipped blocks (or adopt the hit), then new blocks per group;
+ * 3. cache the full blocks the allocation covers, and set the request's
+ *    fast-path limits. */
+#include "_fastpath.h"
+
+/* Set by configure_hashing (hashing.py, on import): BlockHasher, _chainhash.chain,
+ * the algorithm ids and the seeds. */
+static PyObject *hasher_type, *chain_fn, *algo_ids, *seeds;
+
+PyObject *
+hkv_configure_hashing(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *type, *chain, *ids, *seed_map;
+    if (!PyArg_ParseTuple(args, "O!OO!O!:configure_hashing", &PyType_Type, &type, &chain,
+                          &PyDict_Type, &ids, &PyDict_Type, &seed_map))
+        return NULL;
+    Py_XSETREF(hasher_type, Py_NewRef(type));
+    Py_XSETREF(chain_fn, Py_NewRef(chain));
+    Py_XSETREF(algo_ids, Py_NewRef(ids));
+    Py_XSETREF(seeds, Py_NewRef(seed_map));
+    Py_RETURN_NONE;
+}
+
+#define attr(obj, name) PyObject_GetAttr((obj), hkv_names.name)
+
+/* BlockHasher._hash_range's one-call case (no multimodal items, no salt to add):
+ * hashes blocks first..last-1 onto `hashes`. 1 done, 0 not this case, -1 error. */
+static int
+extend_plain(PyObject *hasher, PyObject *hashes, PyObject *algo, PyObject *tokens,
+             Py_ssize_t first, Py_ssize_t last, Py_ssize_t bs)
+{
+    PyObject *mm = attr(hasher, h_mm), *salt = mm ? attr(hasher, h_salt) : NULL;
+    PyObject *lora = salt ? attr(hasher, h_lora) : NULL, *out = NULL;
+    int rc = lora == NULL ? -1 : 0, plain = 0;
+    if (rc == 0) {
+        int has_mm = PyObject_IsTrue(mm), has_salt = PyObject_IsTrue(salt);
+        rc = has_mm < 0 || has_salt < 0 ? -1 : 0;
+        plain = !has_mm && !(first == 0 && has_salt);
+    }
+    PyObject *id = rc == 0 && plain ? PyDict_GetItemWithError(algo_ids, algo) : NULL;
+    PyObject *parent = first ? PyList_GET_ITEM(hashes, first - 1)
+                             : (id ? PyDict_GetItemWithError(seeds, algo) : NULL);
+    if (id != NULL && parent != NULL) {
+        out = PyObject_CallFunction(chain_fn, "OOOnnnO", id, parent, tokens, first * bs,
+                                    last - first, bs, lora);
+        rc = out == NULL || PyList_SetSlice(hashes, first, first, out) < 0 ? -1 : 1;
+    }
+    if (rc == 0 && PyErr_Occurred())
+        rc = -1;
+    Py_XDECREF(mm);
+    Py_XDECREF(salt);
+    Py_XDECREF(lora);
+    Py_XDECREF(out);
+    return rc;
+}
+
+/* The request's hasher list when it covers every full block, or after
+ * extending it in C; NULL (no error) when the Python method must run. */
+static PyObject *
+hasher_hashes(ManagerObject *self, RequestObject *r)
+{
+    PyObject *hasher = r->hasher, *tokens = r->all_token_ids;
+    if (hasher == NULL || hasher_type == NULL || !Py_IS_TYPE(hasher, (PyTypeObject *)hasher_type)
+        || tokens == NULL || !PyList_CheckExact(tokens))
+        return NULL;
+    PyObject *bs = attr(hasher, block_size), *algo = bs ? attr(hasher, hash_algo) : NULL;
+    PyObject *hashes = algo ? attr(hasher, hashes) : NULL;
+    Py_ssize_t size = bs ? hkv_exact_index(bs) : -1;
+    int same = size > 0 && hashes && PyList_CheckExact(hashes) &&
+               size == hkv_exact_index(self->hash_block_size) && PyUnicode_Check(algo) &&
+               PyUnicode_Compare(algo, self->hash_algo) == 0;
+    int rc = 1;
+    if (same && PyList_GET_SIZE(hashes) < PyList_GET_SIZE(tokens) / size)
+        rc = extend_plain(hasher, hashes, algo, tokens, PyList_GET_SIZE(hashes),
+                          PyList_GET_SIZE(tokens) / size, size);
+    Py_XDECREF(bs);
+    Py_XDECREF(algo);
+    if (same && rc == 1 && !PyErr_Occurred())
+        return hashes;
+    Py_XDECREF(hashes);
+    return NULL;
+}
+
+/* request.block_hashes(hash_algo, hash_block_size) (a list). */
+PyObject *
+hkv_block_hashes(ManagerObject *self, PyObject *req)
+{
+    PyObject *hashes = hasher_hashes(self, (RequestObject *)req);
+    if (hashes != NULL || PyErr_Occurred())
+        return hashes;
+    PyObject *args[] = {req, self->hash_algo, self->hash_block_size};
+    PyObject *out = PyObject_VectorcallMethod(hkv_names.block_hashes, args,
+                                              3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (out != NULL && !PyList_Check(out)) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_TypeError, "block_hashes() must return a list");
+        return NULL;
+    }
+    return out;
+}
+
+static PyObject *
+hit_of(PyObject *hit, Py_ssize_t g)
+{
+    if (hit == NULL)
+        return NULL;
+    PyObject *blocks = PyTuple_GET_ITEM(hit, g);
+    return PyList_Check(blocks) ? blocks : NULL;
+}
+
+/* Step 1: whether the pool can supply the allocation now (0: refused, -1: error). */
+static int
+fits(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_tokens,
+     PyObject *hit)
+{
+    Py_ssize_t need = 0;
+    for (Py_ssize_t g = 0; g < self->num_groups; g++) {
+        Py_ssize_t n;
+        if (hkv_group_need(&self->pool, &self->groups[g], held->request, computed, num_tokens,
+                           hit_of(hit, g), held->junction, &n) < 0)
+            return -1;
+        need += n;
+    }
+    if (need <= 0)
+        return 1;
+    Py_ssize_t num_free = hkv_pool_num_free(&self->pool);
+    if (num_free < 0)
+        return -1;
+    if (need <= num_free)
+        return 1;
+    PyObject *out = hkv_call((PyObject *)self, hkv_names.make_room,
+                             (PyObject *[]){HKV_O((PyObject *)held), HKV_N(need)}, 2);
+    if (out == NULL)
+        return -1;
+    int ok = PyObject_IsTrue(out);
+    Py_DECREF(out);
+    return ok;
+}
+
+/* Step 2: release or adopt, then take new blocks; a new tuple of new-block lists. */
+static PyObject *
+commit(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_tokens,
+       PyObject *hit, int releases)
+{
+    PyObject *req = held->request;
+    for (Py_ssize_t g = 0; g < self->num_groups; g++) {
+        Group *group = &self->groups[g];
+        int rc = hit == NULL
+            ? (releases ? hkv_group_release_skipped(&self->pool, group, req, computed,
+                                                    held->junction) : 0)
+            : hkv_group_prepare(&self->pool, group, req, computed, hit_of(hit, g),
+                                held->junction);
+        if (rc < 0)
+            return NULL;
+    }
+    PyObject *out = PyTuple_New(self->num_groups);
+    for (Py_ssize_t g = 0; out != NULL && g < self->num_groups; g++) {
+        PyObject *blocks = hkv_group_allocate(&self->pool, &self->groups[g], req, computed,
+                                              num_tokens);
+        if (blocks == NULL)
+            Py_CLEAR(out);
+        else
+            PyTuple_SET_ITEM(out, g, blocks);
+    }
+    return out;
+}
+
+/* Step 3: cache full blocks; the request's fast-path limits. */
+static int
+cache_and_limit(ManagerObject *self, HeldObject *held, Py_ssize_t num_tokens)
+{
+    PyObject *hashes = NULL;
+    Py_ssize_t max_tokens = HKV_UNLIMITED, max_computed = HKV_UNLIMITED;
+    int rc = 0;
+    for (Py_ssize_t g = 0; g < self->num_groups && rc == 0; g++) {
+        Group *group = &self->groups[g];
+        Py_ssize_t tokens, computed;
+        if (self->caching)
+            rc = hkv_group_cache(&self->pool, group, held->request, &hashes, self, num_tokens);
+        if (rc == 0)
+            rc = hkv_group_limits(group, held->request, &tokens, &computed);
+        if (rc == 0 && tokens < max_tokens)
+            max_tokens = tokens;
+        if (rc == 0 && computed < max_computed)
+            max_computed = computed;
+    }
+    Py_XDECREF(hashes);
+    held->max_tokens = max_tokens;
+    held->max_computed = max_computed;
+    return rc;
+}
+
+PyObject *
+hkv_new_blocks(ManagerObject *self, PyObject *groups)
+{
+    PyTypeObject *type = (PyTypeObject *)self->blocks_type;
+    BlocksObject *out = (BlocksObject *)type->tp_alloc(type, 0);
+    if (out == NULL) {
+        Py_DECREF(groups);
+        return NULL;
+    }
+    out->blocks = groups;
+    return (PyObject *)out;
+}
+
+/* The allocation of a request the caller validated: new blocks (KVCacheBlocks),
+ * None when the pool can't supply them now. `hit`: a tuple of lists, or NULL. */
+PyObject *
+hkv_allocate(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_tokens,
+             PyObject *hit, int releases)
+{
+    if (hit != NULL && (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != self->num_groups)) {
+        PyErr_SetString(PyExc_ValueError, "a hit must have one list of blocks per group");
+        return NULL;
+    }
+    int ok = fits(self, held, computed, num_tokens, hit);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *new_blocks = commit(self, held, computed, num_tokens, hit, releases);
+    if (new_blocks == NULL)
+        return NULL;
+    RequestObject *req = (RequestObject *)held->request;
+    if (cache_and_limit(self, held, num_tokens) < 0 ||
+        PyDict_SetItem(self->held, req->request_id, (PyObject *)held) < 0) {
+        Py_DECREF(new_blocks);
+        return NULL;
+    }
+    for (Py_ssize_t g = 0; g < self->num_groups; g++)
+        if (PyList_GET_SIZE(PyTuple_GET_ITEM(new_blocks, g)))
+            return hkv_new_blocks(self, new_blocks);
+    Py_DECREF(new_blocks);
+    return Py_NewRef(self->no_blocks);  /* no new block: the shared empty result */
+}

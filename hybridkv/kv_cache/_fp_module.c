@@ -1,0 +1,154 @@
+/* Module hybridkv.kv_cache._fastpath: the types and `configure`. */
+#include "_fastpath.h"
+
+Names hkv_names;
+
+#define INTERN(field, text)                                   \
+    do {                                                      \
+        hkv_names.field = PyUnicode_InternFromString(text);   \
+        if (hkv_names.field == NULL)                          \
+            return -1;                                        \
+    } while (0)
+
+int
+hkv_init_names(void)
+{
+    INTERN(allocate, "_allocate");
+    INTERN(allocate_checked, "_allocate_checked");
+    INTERN(take, "take");
+    INTERN(add_free, "add_free");
+    INTERN(remove_blocks, "remove_blocks");
+    INTERN(remove_skipped_blocks, "remove_skipped_blocks");
+    INTERN(rate_released, "rate_released");
+    INTERN(block_hashes, "block_hashes");
+    INTERN(extend, "extend");
+    INTERN(make_room, "_make_room");
+    INTERN(note_recompute, "_note_recompute");
+    INTERN(hint_changed, "hint_changed");
+    INTERN(recomputed, "recomputed");
+    INTERN(retention, "retention");
+    INTERN(protection, "protection");
+    INTERN(split, "split");
+    INTERN(keep, "keep");
+    INTERN(pop, "pop");
+    INTERN(unprotect, "unprotect");
+    INTERN(get_new_blocks, "get_new_blocks");
+    INTERN(cache_blocks, "cache_blocks");
+    INTERN(free_blocks, "free_blocks");
+    INTERN(touch, "touch");
+    INTERN(allocate_py, "_allocate_py");
+    INTERN(lookup_py, "_lookup_py");
+    INTERN(free_py, "_release_py");
+    INTERN(note_repeated_miss, "_note_repeated_miss");
+    INTERN(prune_junctions, "_prune_junctions");
+    INTERN(requests, "requests");
+    INTERN(queries, "queries");
+    INTERN(hits, "hits");
+    INTERN(stranded_tokens, "stranded_tokens");
+    INTERN(group_hits, "group_hits");
+    INTERN(num_evictions, "num_evictions");
+    INTERN(hash_algo, "hash_algo");
+    INTERN(block_size, "block_size");
+    INTERN(hashes, "hashes");
+    INTERN(num_computed_tokens, "num_computed_tokens");
+    INTERN(group_id, "group_id");
+    INTERN(stride, "stride");
+    INTERN(num_kept_head_blocks, "num_kept_head_blocks");
+    INTERN(enable_caching, "enable_caching");
+    INTERN(req_to_blocks, "req_to_blocks");
+    INTERN(num_cached_blocks, "num_cached_blocks");
+    INTERN(num_skipped, "num_skipped");
+    INTERN(skips, "skips");
+    INTERN(spec, "spec");
+    INTERN(sliding_window, "sliding_window");
+    INTERN(num_window_blocks, "num_window_blocks");
+    INTERN(attention_chunk_size, "attention_chunk_size");
+    INTERN(checkpoint_interval, "checkpoint_interval");
+    INTERN(free_queue, "free_queue");
+    INTERN(null_block, "null_block");
+    INTERN(cached, "cached");
+    INTERN(group_evictions, "group_evictions");
+    INTERN(uses_hints, "uses_hints");
+    INTERN(evicted, "evicted");
+    INTERN(h_mm, "_mm");
+    INTERN(get, "get");
+    INTERN(protect, "protect");
+    INTERN(init_checked, "_init_checked");
+    INTERN(cache_salt, "cache_salt");
+    INTERN(lora_name, "lora_name");
+    INTERN(mm_hashes, "mm_hashes");
+    INTERN(max_tokens, "max_tokens");
+    INTERN(hex, "hex");
+    INTERN(append_checked, "_append_checked");
+    INTERN(h_salt, "_salt");
+    INTERN(h_lora, "_lora");
+    INTERN(subscribers, "_subscribers");
+    INTERN(evict_listeners, "_evict_listeners");
+    INTERN(stale_listeners, "_stale_listeners");
+    return 0;
+}
+
+static PyObject *
+configure(PyObject *Py_UNUSED(module), PyObject *normal_value)
+{
+    Py_XSETREF(hkv_normal_value, Py_NewRef(normal_value));
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(configure_doc,
+"configure(normal_value)\n"
+"\n"
+"The rating new Block records start with (eviction.NORMAL_VALUE); block_pool\n"
+"calls it once on import.");
+
+PyDoc_STRVAR(configure_hashing_doc,
+"configure_hashing(BlockHasher, chain, algo_ids, seeds)\n"
+"\n"
+"What extending a request's hashes in C needs (hashing.py calls it on import\n"
+"when its C extension is built).");
+
+static PyMethodDef module_methods[] = {
+    {"configure", configure, METH_O, configure_doc},
+    {"configure_hashing", hkv_configure_hashing, METH_VARARGS, configure_hashing_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef fastpath_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "hybridkv.kv_cache._fastpath",
+    .m_doc = "C fast paths of hybridkv's KV cache manager (see fastpath.py).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+static int
+add_type(PyObject *module, PyTypeObject *type, const char *name)
+{
+    if (PyType_Ready(type) < 0)
+        return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
+PyMODINIT_FUNC
+PyInit__fastpath(void)
+{
+    if (hkv_init_names() < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&fastpath_module);
+    if (module == NULL)
+        return NULL;
+    if (add_type(module, &HKV_BlockType, "Block") < 0 ||
+        add_type(module, &HKV_HeldType, "Held") < 0 ||
+        add_type(module, &HKV_BlocksCoreType, "BlocksCore") < 0 ||
+        add_type(module, &HKV_RequestCoreType, "RequestCore") < 0 ||
+        add_type(module, &HKV_ManagerCoreType, "ManagerCore") < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
