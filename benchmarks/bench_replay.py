@@ -69,15 +69,15 @@ def run_config(config: str, trace, repeats: int, num_blocks: int = NUM_BLOCKS) -
 
 
 def fill_pool(adapter: ManagerAdapter, num_cached: int) -> int:
-    """Cache about `num_cached` blocks per group of unique prompts (allocated, then freed)."""
+    """Cache about `num_cached` blocks of unique prompts (allocated, then freed)."""
     kv, rng, i = adapter.manager, random.Random(0), 0
-    while len(kv.pool.cached[0]) < num_cached:
+    while sum(map(len, kv.pool.cached)) < num_cached:
         req = Request(f"fill-{i}", [rng.randrange(32000) for _ in range(FILL_PROMPT + 1)])
         assert kv.allocate_slots(req, FILL_PROMPT) is not None
         req.num_computed_tokens = FILL_PROMPT
         kv.free(req)
         i += 1
-    return len(kv.pool.cached[0])
+    return sum(map(len, kv.pool.cached))
 
 
 def print_row(config: str, row: dict, label: str = "") -> None:

@@ -329,6 +329,27 @@ skip_start(Group *g, PyObject *req)
 }
 
 
+/* list.extend([null] * count) in one resize. */
+static inline int
+hkv_extend_nulls(PyObject *list, PyObject *null, Py_ssize_t count)
+{
+    if (count <= 8) {
+        for (Py_ssize_t i = 0; i < count; i++)
+            if (PyList_Append(list, null) < 0)
+                return -1;
+        return 0;
+    }
+    PyObject *nulls = PyList_New(count);
+    if (nulls == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < count; i++)
+        PyList_SET_ITEM(nulls, i, Py_NewRef(null));
+    Py_ssize_t end = PyList_GET_SIZE(list);
+    int rc = PyList_SetSlice(list, end, end, nulls);
+    Py_DECREF(nulls);
+    return rc;
+}
+
 #define HKV_N(v) PyLong_FromSsize_t(v)
 #define HKV_O(v) Py_NewRef(v)
 

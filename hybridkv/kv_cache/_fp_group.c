@@ -202,15 +202,6 @@ own_blocks(Group *g, PyObject *req)
 }
 
 static int
-extend_nulls(PyObject *blocks, PyObject *null, Py_ssize_t count)
-{
-    for (Py_ssize_t i = 0; i < count; i++)
-        if (PyList_Append(blocks, null) < 0)
-            return -1;
-    return 0;
-}
-
-static int
 set_item(PyObject *list, Py_ssize_t i, PyObject *value)
 {
     return PyList_SetItem(list, i, Py_NewRef(value));
@@ -233,7 +224,7 @@ mamba_allocate(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, Py_ssiz
     if (num_ckpt == 0 && live != NULL) {  /* no new block: the live one may move */
         Py_ssize_t grow = size - PyList_GET_SIZE(blocks);
         if (grow > 0 && (set_item(blocks, PyList_GET_SIZE(blocks) - 1, pool->null_block) < 0 ||
-                         extend_nulls(blocks, pool->null_block, grow) < 0 ||
+                         hkv_extend_nulls(blocks, pool->null_block, grow) < 0 ||
                          set_item(blocks, PyList_GET_SIZE(blocks) - 1, live) < 0))
             goto done;
         new_blocks = PyList_New(0);
@@ -246,7 +237,7 @@ mamba_allocate(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, Py_ssiz
         live = Py_NewRef(PyList_GET_ITEM(new_blocks, PyList_GET_SIZE(new_blocks) - 1));
     else if (set_item(blocks, PyList_GET_SIZE(blocks) - 1, pool->null_block) < 0)
         goto fail;
-    if (extend_nulls(blocks, pool->null_block, size - PyList_GET_SIZE(blocks)) < 0)
+    if (hkv_extend_nulls(blocks, pool->null_block, size - PyList_GET_SIZE(blocks)) < 0)
         goto fail;
     Py_ssize_t end = prompt_end(g, req), k = 0;
     if (end < 0 && g->every != 1)

@@ -19,15 +19,6 @@ num_searchable(Group *g, PyObject *hashes, Py_ssize_t max_length)
     return n < have ? n : have;
 }
 
-static int
-append_nulls(PyObject *list, PyObject *null, Py_ssize_t count)
-{
-    for (Py_ssize_t i = 0; i < count; i++)
-        if (PyList_Append(list, null) < 0)
-            return -1;
-    return 0;
-}
-
 /* Full attention: left to right, up to the first miss. */
 static PyObject *
 search_full(Group *g, PyObject *hashes, Py_ssize_t max_length, PyObject *null)
@@ -52,7 +43,7 @@ search_chunked(Group *g, PyObject *hashes, Py_ssize_t max_length, PyObject *null
     Py_ssize_t n = num_searchable(g, hashes, max_length);
     Py_ssize_t chunk_start = n * g->block_size / g->chunk * g->chunk / g->block_size;
     PyObject *hit = PyList_New(0);
-    if (hit == NULL || append_nulls(hit, null, chunk_start) < 0)
+    if (hit == NULL || hkv_extend_nulls(hit, null, chunk_start) < 0)
         goto fail;
     for (Py_ssize_t i = chunk_start; i < n; i++) {
         PyObject *b = cached_block(g, hashes, i);
@@ -80,7 +71,7 @@ search_mamba(Group *g, PyObject *hashes, Py_ssize_t max_length, PyObject *null)
             continue;
         }
         PyObject *hit = PyList_New(0);
-        if (hit == NULL || append_nulls(hit, null, i) < 0 || PyList_Append(hit, b) < 0) {
+        if (hit == NULL || hkv_extend_nulls(hit, null, i) < 0 || PyList_Append(hit, b) < 0) {
             Py_XDECREF(hit);
             return NULL;
         }
@@ -95,7 +86,7 @@ window_hit(PyObject *sinks, Py_ssize_t start, PyObject *run, PyObject *null)
 {
     Py_ssize_t num_sinks = PyList_GET_SIZE(sinks) < start ? PyList_GET_SIZE(sinks) : start;
     PyObject *hit = PyList_GetSlice(sinks, 0, num_sinks);
-    if (hit == NULL || append_nulls(hit, null, start - num_sinks) < 0 ||
+    if (hit == NULL || hkv_extend_nulls(hit, null, start - num_sinks) < 0 ||
         PyList_SetSlice(hit, PyList_GET_SIZE(hit), PyList_GET_SIZE(hit), run) < 0) {
         Py_XDECREF(hit);
         return NULL;
