@@ -50,7 +50,8 @@ FASTPATH = Extension(
 )
 CODEC = Extension(
     "hybridkv.store._codec",
-    sources=[os.path.join(_STORE, name) for name in ("_codec.c", "_lrutable.c", "_recorder.c")],
+    sources=[os.path.join(_STORE, name) for name in ("_codec.c", "_lrutable.c", "_recorder.c",
+                                                         "_tailset.c")],
     depends=[os.path.join(_STORE, "_codec.h"), os.path.join(_KV_CACHE, "_vendor", "xxhash.h")],
     include_dirs=[_KV_CACHE],
     optional=True,

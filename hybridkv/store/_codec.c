@@ -11,6 +11,7 @@
  *
  * EvictionRecorder (_recorder.c): the pool's eviction hook.
  * LruTable (_lrutable.c): the cpu:// store's map.
+ * TailSet (_tailset.c): recent prompts' tail blocks, for the selection.
  *
  * xxHash is the vendored header-only library (hybridkv/kv_cache/_vendor).
  */
@@ -206,7 +207,8 @@ PyMODINIT_FUNC
 PyInit__codec(void)
 {
     PyObject *module = PyModule_Create(&codec_module);
-    if (module && (hkv_add_lrutable(module) < 0 || hkv_add_recorder(module) < 0))
+    if (module && (hkv_add_lrutable(module) < 0 || hkv_add_recorder(module) < 0
+                   || hkv_add_tailset(module) < 0))
         Py_CLEAR(module);
     return module;
 }

@@ -38,9 +38,14 @@ void hkv_rows_release(Rows *rows);
 void hkv_encode_value(char *value, const char *head, Py_ssize_t head_len, uint64_t key_hash,
                       const Rows *rows, Py_ssize_t i);
 
-/* Add the LruTable / EvictionRecorder type to the module; 0 or -1 with an
- * exception set */
+/* Add the LruTable / EvictionRecorder / TailSet type to the module; 0 or -1
+ * with an exception set */
 int hkv_add_lrutable(PyObject *module);
 int hkv_add_recorder(PyObject *module);
+int hkv_add_tailset(PyObject *module);
+
+/* Whether `obj` is a TailSet; whether it holds the bytes `h` (no error) */
+int hkv_tailset_check(PyObject *obj);
+int hkv_tailset_contains(PyObject *obj, PyObject *h);
 
 #endif

@@ -5,7 +5,8 @@
  * blocks it takes for new data (objects with block_id, block_hash, group_id
  * and value_hint, before they lose their hash). It keeps a block of group g
  * when always[g] is true, its value_hint is not `low`, or its hash is in
- * tails[g] (a set, a tuple of sets, or None): the selection of selection.py.
+ * tails[g] (a TailSet, a set, a tuple of sets, or None): the selection of
+ * selection.py.
  * Blocks without a hash (that cached nothing) are passed over.
  * A kept block's hash is appended to the group's list and its id to the
  * group's int64 buffer; take(g) returns both, most recently evicted first
@@ -77,10 +78,13 @@ block_attr(PyObject *block, int a)
     return PyObject_GetAttr(block, attr_names[a]);
 }
 
-/* 1 if `h` is in `sets` (a set, a tuple of sets, or None), 0 if not, -1 on error */
+/* 1 if `h` is in `sets` (a TailSet, a set, a tuple of sets, or None), 0 if not,
+ * -1 on error */
 static int
 in_tails(PyObject *sets, PyObject *h)
 {
+    if (hkv_tailset_check(sets))
+        return hkv_tailset_contains(sets, h);
     if (PyTuple_Check(sets)) {
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(sets); j++) {
             int r = PySequence_Contains(PyTuple_GET_ITEM(sets, j), h);

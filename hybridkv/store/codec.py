@@ -31,6 +31,11 @@ def _load_extension() -> tuple[Any, str | None]:
 _codec, EXTENSION_ERROR = _load_extension()
 
 
+def native(name: str) -> Any:
+    """The C module's `name` (a type or function), or None without the module."""
+    return getattr(_codec, name, None) if _codec is not None else None
+
+
 def codec_backend() -> str:
     """"C" or "python (<why the C module is missing>)"."""
     return "C" if _codec is not None else f"python ({EXTENSION_ERROR})"

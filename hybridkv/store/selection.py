@@ -16,6 +16,7 @@ is left out: no hit can use it without the blocks after it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from hybridkv.kv_cache.block_pool import Block
 from hybridkv.kv_cache.eviction import LOW_VALUE
@@ -27,6 +28,7 @@ from hybridkv.kv_cache.specs import (
     MambaSpec,
     SlidingWindowSpec,
 )
+from hybridkv.store.codec import native
 
 SELECTIONS = ("hybrid", "all")
 TAIL_TOKENS = 256
@@ -55,6 +57,13 @@ class RecentSet:
         return item in self.sets[0] or item in self.sets[1]
 
 
+def new_tail_set(capacity: int) -> Any:
+    """A RecentSet of block hashes: `_codec.TailSet` (64-bit fingerprints in C, a
+    few MB however many hashes) or, without the C module, `RecentSet`."""
+    tail_set = native("TailSet")
+    return tail_set(capacity) if tail_set is not None else RecentSet(capacity)
+
+
 class Selection:
     """`worth_storing(block)` for the groups of one manager."""
 
@@ -65,24 +74,31 @@ class Selection:
         self.select = select
         # per group: whether every block is stored, and the tail blocks of recent prompts
         self.always = [select == "all" or m.downward_closed for m in managers]
-        self.tails = [RecentSet(MAX_TAIL_HASHES) for _ in managers]
-        # (group, manager, blocks before a prompt's end to remember) of those groups
+        # (group, manager, blocks before a prompt's end to remember) of the groups whose
+        # own ratings do not keep a prompt's tail, and their memory of recent tails
         self._noted = [(g, m, TAIL_TOKENS // m.block_size + _reach_blocks(m.spec))
                        for g, m in enumerate(managers)
-                       if not self.always[g] and isinstance(m.spec, MambaSpec)]
+                       if select == "hybrid" and not self.always[g]
+                       and isinstance(m.spec, MambaSpec)]
+        noted = {g for g, _, _ in self._noted}
+        self.tails: list[Any] = [new_tail_set(MAX_TAIL_HASHES) if g in noted else None
+                                 for g in range(len(managers))]
 
     def worth_storing(self, block: Block) -> bool:
         g = block.group_id
+        tails = self.tails[g]
         return self.always[g] or block.value_hint != LOW_VALUE \
-            or block.block_hash in self.tails[g]
+            or (tails is not None and block.block_hash in tails)
+
+    def tails_for_recorder(self) -> list[Any]:
+        """Per group, what the eviction recorder checks a block's hash against."""
+        return [t.sets if isinstance(t, RecentSet) else t for t in self.tails]
 
     def note_prompt(self, request: Request, hashes: Sequence[bytes]) -> None:
         """Remember the blocks a hit stopping in the last TAIL_TOKENS of this
         prompt needs, in the groups whose own ratings do not keep them (Mamba
         rates states between its anchors low; a sliding-window group already
         keeps the windows of its prompt's tail, a chunked group rates nothing)."""
-        if self.select != "hybrid":
-            return
         for g, m, tail in self._noted:
             end = request.num_prompt_tokens // m.block_size
             self.tails[g].update(m.group_hashes(hashes, end)[max(0, end - tail):])

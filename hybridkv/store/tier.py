@@ -94,7 +94,7 @@ class KVTier:
         # write-behind: the pool's eviction hook notes the evicted blocks worth storing
         # (`Selection.worth_storing`) until `before_step` copies them out
         self.recorder = None if self.write_through else eviction_recorder(
-            self.selection.always, int(LOW_VALUE), [t.sets for t in self.selection.tails])
+            self.selection.always, int(LOW_VALUE), self.selection.tails_for_recorder())
         if self.recorder is None:
             kv.subscribe(self._on_event)
         else:

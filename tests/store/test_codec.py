@@ -16,6 +16,7 @@ from hybridkv.store import CpuStore, codec, decode_block
 from hybridkv.store.cpu import ENTRY_OVERHEAD
 from hybridkv.store.lru import LruDict
 from hybridkv.store.payload import BlockLayout, encode_block
+from hybridkv.store.selection import RecentSet
 from tests.store.sim import SimEngine
 
 C = codec._codec
@@ -213,3 +214,33 @@ def test_codec_backend_names_the_path():
     assert codec.codec_backend() == ("C" if C is not None else
                                      f"python ({codec.EXTENSION_ERROR})")
     assert os.path.exists(codec.__file__)
+
+
+@needs_c
+def test_c_tail_set_remembers_what_the_reference_remembers():
+    """TailSet (fingerprints in C) against RecentSet: the same members after every
+    update, across generations (capacity 40: the older half goes every ~20 items)."""
+    rng = random.Random(6)
+    pool = [rng.randbytes(32) for _ in range(120)]
+    fast, ref = C.TailSet(40), RecentSet(40)
+    for _ in range(60):
+        items = rng.sample(pool, rng.randrange(0, 8))
+        fast.update(items)
+        ref.update(items)
+        assert [h in fast for h in pool] == [h in ref for h in pool]
+    assert 0 < len(fast) <= 40 + 8
+    assert b"not a hash" not in fast and 7 not in fast
+    with pytest.raises(TypeError, match="item 1 is int"):
+        fast.update([b"a", 1])
+
+
+@needs_c
+def test_c_recorder_reads_a_tail_set():
+    tails = C.TailSet(1 << 10)
+    kept, other = bytes([1]) * 32, bytes([2]) * 32
+    tails.update([kept])
+    rec = C.EvictionRecorder([False], int(LOW_VALUE), [tails])
+    blocks = [SimpleNamespace(block_id=i, block_hash=h, group_id=0, value_hint=LOW_VALUE)
+              for i, h in ((1, kept), (2, other))]
+    rec(blocks)
+    assert rec.take(0) == ([kept], np.array([1], dtype=np.int64).tobytes())
