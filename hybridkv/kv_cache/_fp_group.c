@@ -44,7 +44,7 @@ num_freed_by_skip(Pool *pool, Group *g, PyObject *req, PyObject *blocks, Py_ssiz
     PyObject *retention = PyObject_GetAttr(g->manager, hkv_names.retention);
     if (retention == NULL)
         return -1;
-    PyObject *split = hkv_call(retention, hkv_names.split,
+    PyObject *split = hkv_call(retention, hkv_names.split,  /* (holds its arguments) */
                                (PyObject *[]){HKV_O(req), HKV_N(junction), HKV_O(blocks),
                                               HKV_N(start), HKV_N(end)}, 5);
     Py_DECREF(retention);
@@ -124,8 +124,9 @@ mamba_need(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t 
         *need = 1 + num_ckpt;
         return PyErr_Occurred() ? -1 : 0;
     }
+    int no_live = live_block(g, blocks, computed) == NULL;  /* before the rule runs */
     Py_ssize_t freed = num_freed_by_skip(pool, g, req, blocks, computed, junction);
-    *need = (live_block(g, blocks, computed) == NULL) + num_ckpt - freed;
+    *need = no_live + num_ckpt - freed;
     return freed < 0 ? -1 : 0;
 }
 
@@ -192,13 +193,11 @@ own_blocks(Group *g, PyObject *req)
 {
     PyObject *blocks = blocks_of(g, req);
     if (blocks != NULL || PyErr_Occurred())
-        return blocks;
+        return Py_XNewRef(blocks);  /* a reference of ours: the policy runs Python code */
     blocks = PyList_New(0);
-    if (blocks == NULL)
-        return NULL;
-    int rc = PyDict_SetItem(g->req_to_blocks, RID(req), blocks);
-    Py_DECREF(blocks);  /* the dict holds it */
-    return rc < 0 ? NULL : blocks;
+    if (blocks != NULL && PyDict_SetItem(g->req_to_blocks, RID(req), blocks) < 0)
+        Py_CLEAR(blocks);
+    return blocks;
 }
 
 static int
@@ -209,11 +208,9 @@ set_item(PyObject *list, Py_ssize_t i, PyObject *value)
 
 /* Mamba's allocate_new_blocks: checkpoints of the step, the live block last. */
 static PyObject *
-mamba_allocate(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t num_tokens)
+mamba_allocate_into(Pool *pool, Group *g, PyObject *req, PyObject *blocks, Py_ssize_t computed,
+                    Py_ssize_t num_tokens)
 {
-    PyObject *blocks = own_blocks(g, req);
-    if (blocks == NULL)
-        return NULL;
     PyObject *live = live_block(g, blocks, computed);
     Py_ssize_t num_ckpt = num_checkpoints(g, req, computed, num_tokens);
     Py_ssize_t size = num_tokens / g->block_size + 1;
@@ -256,16 +253,9 @@ done:
     return new_blocks;
 }
 
-/* allocate_new_blocks: blocks for `num_tokens` tokens; a new list of the new ones. */
-PyObject *
-hkv_group_allocate(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,
-                   Py_ssize_t num_tokens)
+static PyObject *
+allocate_into(Pool *pool, Group *g, PyObject *blocks, Py_ssize_t num_tokens)
 {
-    if (g->kind == KIND_MAMBA)
-        return mamba_allocate(pool, g, req, computed, num_tokens);
-    PyObject *blocks = own_blocks(g, req);
-    if (blocks == NULL)
-        return NULL;
     Py_ssize_t need = CDIV(num_tokens, g->block_size) - PyList_GET_SIZE(blocks);
     if (need <= 0)
         return PyList_New(0);
@@ -276,6 +266,21 @@ hkv_group_allocate(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,
     if (PyList_SetSlice(blocks, end, end, new_blocks) < 0)
         Py_CLEAR(new_blocks);
     return new_blocks;
+}
+
+/* allocate_new_blocks: blocks for `num_tokens` tokens; a new list of the new ones. */
+PyObject *
+hkv_group_allocate(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,
+                   Py_ssize_t num_tokens)
+{
+    PyObject *blocks = own_blocks(g, req);
+    if (blocks == NULL)
+        return NULL;
+    PyObject *out = g->kind == KIND_MAMBA
+        ? mamba_allocate_into(pool, g, req, blocks, computed, num_tokens)
+        : allocate_into(pool, g, blocks, num_tokens);
+    Py_DECREF(blocks);
+    return out;
 }
 
 /* cache_blocks: the request's full blocks among the first `num_tokens` become
@@ -302,9 +307,10 @@ hkv_group_cache(Pool *pool, Group *g, PyObject *req, PyObject **hashes, ManagerO
             PyErr_SetObject(PyExc_KeyError, RID(req));
         return -1;
     }
-    if (hkv_pool_cache(pool, g, blocks, *hashes, start, num_full) < 0)
-        return -1;
-    return dict_set_count(g->num_cached_blocks, RID(req), num_full);
+    Py_INCREF(blocks);  /* the policy's hooks run Python code */
+    int rc = hkv_pool_cache(pool, g, blocks, *hashes, start, num_full);
+    Py_DECREF(blocks);
+    return rc < 0 ? -1 : dict_set_count(g->num_cached_blocks, RID(req), num_full);
 }
 
 /* max_quiet_computed of the type: the largest computed count releasing nothing. */

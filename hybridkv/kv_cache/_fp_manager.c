@@ -72,9 +72,13 @@ static PyObject *
 call_allocate(ManagerObject *self, HeldObject *held, Py_ssize_t computed,
               Py_ssize_t num_tokens)
 {
-    if (self->native)
-        return hkv_allocate(self, held, computed, num_tokens, NULL,
-                            computed > held->max_computed);
+    if (self->native) {
+        Py_INCREF(held);  /* borrowed from _held, and Python code (the policy) runs */
+        PyObject *out = hkv_allocate(self, held, computed, num_tokens, NULL,
+                                     computed > held->max_computed);
+        Py_DECREF(held);
+        return out;
+    }
     PyObject *c = PyLong_FromSsize_t(computed);
     PyObject *t = PyLong_FromSsize_t(num_tokens);
     PyObject *out = NULL;
