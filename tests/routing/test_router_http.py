@@ -114,6 +114,11 @@ def test_repeated_documents_land_on_the_backend_holding_them(routers):
             first, _ = complete(router, doc + tokens(rng, 8))
             wait_until(lambda d=doc, f=first: explain(routers["hybrid-prefix"], d + [5])["backends"]
                        [f]["chain_tokens"] >= 4 * BLOCK, what="the first copy's events")
+            # the backends' polled loads can still show the first request running; the
+            # claim is about an idle cluster, so wait until the router sees one
+            wait_until(lambda r=router, d=doc: all(
+                b["in_flight"] + b["waiting"] + b["running"] + b["pending_tokens"] == 0
+                for b in explain(r, d + [5])["backends"].values()), what="idle backends")
             second, cached = complete(router, doc + tokens(rng, 8))
             total += cached
             if policy == "hybrid-prefix":
