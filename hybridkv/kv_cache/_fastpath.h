@@ -151,7 +151,7 @@ extern PyTypeObject HKV_ManagerCoreType;
 /* ---- the paths (each file's entry points) ---------------------------------- */
 
 /* _fp_pool.c: BlockPool's operations on the bound pool (listeners: the Python methods) */
-PyObject *hkv_pool_take(Pool *pool, Py_ssize_t num_blocks);
+PyObject *hkv_pool_take(Pool *pool, Py_ssize_t num_blocks, int counted);
 int hkv_pool_touch(Pool *pool, PyObject *blocks);
 int hkv_pool_free(Pool *pool, PyObject *blocks, PyObject *requeue);
 int hkv_pool_cache(Pool *pool, Group *g, PyObject *blocks, PyObject *hashes,

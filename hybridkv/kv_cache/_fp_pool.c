@@ -91,15 +91,17 @@ reset_taken(Pool *pool, BlockObject *b, Py_ssize_t *evicted)
     return 0;
 }
 
-/* BlockPool.get_new_blocks: a new list of num_blocks blocks, each held once. */
+/* BlockPool.get_new_blocks: a new list of num_blocks blocks, each held once.
+ * `counted`: the caller knows that many are free (an allocation that fit), so the
+ * free count is not read again. */
 PyObject *
-hkv_pool_take(Pool *pool, Py_ssize_t num_blocks)
+hkv_pool_take(Pool *pool, Py_ssize_t num_blocks, int counted)
 {
     if (listening(pool->evict_listeners) || listening(pool->stale_listeners) ||
         listening(pool->subscribers))
         return hkv_call(pool->pool, hkv_names.get_new_blocks,
                         (PyObject *[]){HKV_N(num_blocks)}, 1);
-    Py_ssize_t num_free = hkv_pool_num_free(pool);
+    Py_ssize_t num_free = counted ? num_blocks : hkv_pool_num_free(pool);
     if (num_free < 0)
         return NULL;
     if (num_blocks > num_free)

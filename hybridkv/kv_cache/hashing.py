@@ -353,5 +353,6 @@ def max_token_id(token_ids: Sequence[int]) -> int:
     return max(token_ids)
 
 
-if _fastpath is not None and _chainhash is not None:  # requests' hashes extend in C
-    _fastpath.configure_hashing(BlockHasher, _chain_cached, _ALGO_IDS, _SEEDS)
+if _fastpath is not None and getattr(_chainhash, "_C_API", None) is not None:
+    # requests' hashes extend in C, straight through the hashing extension's C API
+    _fastpath.configure_hashing(BlockHasher, _chainhash._C_API, _ALGO_IDS, _SEEDS)
