@@ -138,9 +138,7 @@ fail:
 int
 hkv_pool_touch(Pool *pool, PyObject *blocks)
 {
-    PyObject *queued = PyList_New(0);
-    if (queued == NULL)
-        return -1;
+    PyObject *queued = NULL;  /* made when a free block is hit (others hold most hits) */
     Py_ssize_t n = PyList_GET_SIZE(blocks);
     for (Py_ssize_t i = 0; i < n; i++) {
         BlockObject *b = block_at(blocks, i);
@@ -152,7 +150,8 @@ hkv_pool_touch(Pool *pool, PyObject *blocks)
         if (ref == 0) {
             if ((PyObject *)b == pool->null_block)
                 continue;
-            if (PyList_Append(queued, (PyObject *)b) < 0)
+            if ((queued == NULL && (queued = PyList_New(0)) == NULL) ||
+                PyList_Append(queued, (PyObject *)b) < 0)
                 goto fail;
         }
         Py_ssize_t hits = hkv_field(b->num_hits);
@@ -160,17 +159,17 @@ hkv_pool_touch(Pool *pool, PyObject *blocks)
             hkv_set_field(&b->num_hits, hits + 1) < 0)
             goto fail;
     }
-    if (PyList_GET_SIZE(queued)) {
+    if (queued != NULL) {
         PyObject *out = PyObject_CallMethodOneArg(pool->free_queue, hkv_names.remove_blocks,
                                                   queued);
         if (out == NULL)
             goto fail;
         Py_DECREF(out);
     }
-    Py_DECREF(queued);
+    Py_XDECREF(queued);
     return 0;
 fail:
-    Py_DECREF(queued);
+    Py_XDECREF(queued);
     return -1;
 }
 

@@ -205,15 +205,18 @@ class BlockHasher:
                  lora_name: str | None = None,
                  mm_items: Sequence[MultiModalItem] | None = None, memo: bool = False) -> None:
         self._chain = _chain_cached if memo else _chain
-        self.hash_algo = check_hash_algo(hash_algo)
-        check_int("block_size", block_size, 1)
+        # (the checks inline for the usual arguments: one hasher per request)
+        self.hash_algo = hash_algo if type(hash_algo) is str and hash_algo in _DIGESTS \
+            else check_hash_algo(hash_algo)
+        if type(block_size) is not int or block_size < 1:
+            check_int("block_size", block_size, 1)
         self.block_size = block_size
         self.hashes: list[BlockHash] = []
         self._digest = _DIGESTS[hash_algo]
         self._salt = (b"" if cache_salt is None
                       else _field(b"S", _as_bytes("cache_salt", cache_salt)))
         self._lora = b"" if lora_name is None else _field(b"L", _as_bytes("lora_name", lora_name))
-        self._mm = check_mm_items(mm_items)
+        self._mm = check_mm_items(mm_items) if mm_items else ()
 
     def extend(self, token_ids: Sequence[int]) -> list[BlockHash]:
         """Hash every full block of `token_ids` not hashed yet; return all hashes."""
