@@ -16,16 +16,17 @@
 
 /* ---- block records (hybridkv.kv_cache.block_pool.Block) ------------------- */
 
-/* Every field is an object, as in a slotted Python class: Python reads and
- * writes them at the same cost as before; C converts the counts it needs
- * (small ints are cached singletons, so this costs a few ns). */
+/* The two counts C changes on every hit and release are C integers (Python
+ * reads and writes them as ints); the other fields are objects, as in a
+ * slotted Python class (C converts the few ints it needs: small ints are
+ * cached singletons). */
 typedef struct {
     PyObject_HEAD
     PyObject *block_id;
-    PyObject *ref_cnt;
+    Py_ssize_t ref_cnt;
     PyObject *block_hash;  /* None, or the bytes it caches */
     PyObject *group_id;
-    PyObject *num_hits;
+    Py_ssize_t num_hits;
     PyObject *value_hint;  /* a Rating */
     PyObject *queue_slot;
     PyObject *weakreflist;

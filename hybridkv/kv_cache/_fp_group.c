@@ -18,10 +18,7 @@ num_with_ref(PyObject *seq, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t ref, PyObje
             return -1;
         }
         BlockObject *b = BLOCK(item);
-        Py_ssize_t r = hkv_field(b->ref_cnt);
-        if (FAILED(r))
-            return -1;
-        count += r == ref;
+        count += b->ref_cnt == ref;
     }
     return count;
 }

@@ -85,8 +85,8 @@ reset_taken(Pool *pool, BlockObject *b, Py_ssize_t *evicted)
             return -1;
         (*evicted)++;
     }
-    if (hkv_set_field(&b->ref_cnt, 1) < 0 || hkv_set_field(&b->num_hits, 0) < 0)
-        return -1;
+    b->ref_cnt = 1;
+    b->num_hits = 0;
     Py_SETREF(b->value_hint, Py_NewRef(hkv_normal_value));
     return 0;
 }
@@ -144,9 +144,7 @@ hkv_pool_touch(Pool *pool, PyObject *blocks)
         BlockObject *b = block_at(blocks, i);
         if (b == NULL)
             goto fail;
-        Py_ssize_t ref = hkv_field(b->ref_cnt);
-        if (ref == -1 && PyErr_Occurred())
-            goto fail;
+        Py_ssize_t ref = b->ref_cnt;
         if (ref == 0) {
             if ((PyObject *)b == pool->null_block)
                 continue;
@@ -154,10 +152,8 @@ hkv_pool_touch(Pool *pool, PyObject *blocks)
                 PyList_Append(queued, (PyObject *)b) < 0)
                 goto fail;
         }
-        Py_ssize_t hits = hkv_field(b->num_hits);
-        if ((hits == -1 && PyErr_Occurred()) || hkv_set_field(&b->ref_cnt, ref + 1) < 0 ||
-            hkv_set_field(&b->num_hits, hits + 1) < 0)
-            goto fail;
+        b->ref_cnt = ref + 1;
+        b->num_hits++;
     }
     if (queued != NULL) {
         PyObject *out = PyObject_CallMethodOneArg(pool->free_queue, hkv_names.remove_blocks,
@@ -198,10 +194,8 @@ hkv_pool_free(Pool *pool, PyObject *blocks, PyObject *requeue)
             goto fail;
         if ((PyObject *)b == pool->null_block)
             continue;
-        Py_ssize_t ref = hkv_field(b->ref_cnt);
-        if ((ref == -1 && PyErr_Occurred()) || hkv_set_field(&b->ref_cnt, ref - 1) < 0)
-            goto fail;
-        if (ref - 1 == 0 && PyList_Append(freed, (PyObject *)b) < 0)
+        Py_ssize_t ref = --b->ref_cnt;
+        if (ref == 0 && PyList_Append(freed, (PyObject *)b) < 0)
             goto fail;
     }
     if (has_requeue && pool->uses_hints) {
@@ -231,13 +225,8 @@ fail:
 static int
 note_recompute(Pool *pool, BlockObject *b)
 {
-    Py_ssize_t hits = hkv_field(b->num_hits);
-    if ((hits == -1 && PyErr_Occurred()) || hkv_set_field(&b->num_hits, hits + 1) < 0)
-        return -1;
-    Py_ssize_t ref = hkv_field(b->ref_cnt);
-    if (ref == -1 && PyErr_Occurred())
-        return -1;
-    if (ref == 0) {
+    b->num_hits++;
+    if (b->ref_cnt == 0) {
         PyObject *out = PyObject_CallMethodOneArg(pool->free_queue, hkv_names.hint_changed,
                                                   (PyObject *)b);
         if (out == NULL)
