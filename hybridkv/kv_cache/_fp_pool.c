@@ -73,7 +73,10 @@ hkv_add_to_attr(PyObject *obj, PyObject *name, Py_ssize_t delta)
     return rc;
 }
 
-/* One block taken for new data: drop what it cached, hold it once. */
+enum { MAX_COUNTED_GROUPS = 16 };
+
+/* One block taken for new data: drop what it cached (counted per group in
+ * `evicted`, or straight into group_evictions past MAX_COUNTED_GROUPS), hold it once. */
 static int
 reset_taken(Pool *pool, BlockObject *b, Py_ssize_t *evicted)
 {
@@ -81,14 +84,30 @@ reset_taken(Pool *pool, BlockObject *b, Py_ssize_t *evicted)
         Py_ssize_t group = hkv_field(b->group_id);
         if (group == -1 && PyErr_Occurred())
             return -1;
-        if (hkv_add_to_item(pool->group_evictions, group, 1) < 0 || drop_hash(pool, b, group) < 0)
+        if (drop_hash(pool, b, group) < 0)
             return -1;
-        (*evicted)++;
+        if (group < MAX_COUNTED_GROUPS)
+            evicted[group]++;
+        else if (hkv_add_to_item(pool->group_evictions, group, 1) < 0)
+            return -1;
+        evicted[MAX_COUNTED_GROUPS]++;
     }
     b->ref_cnt = 1;
     b->num_hits = 0;
     Py_SETREF(b->value_hint, Py_NewRef(hkv_normal_value));
     return 0;
+}
+
+/* The evictions of one take into group_evictions and num_evictions. */
+static int
+count_evictions(Pool *pool, Py_ssize_t *evicted)
+{
+    if (evicted[MAX_COUNTED_GROUPS] == 0)
+        return 0;
+    for (Py_ssize_t g = 0; g < MAX_COUNTED_GROUPS; g++)
+        if (evicted[g] && hkv_add_to_item(pool->group_evictions, g, evicted[g]) < 0)
+            return -1;
+    return hkv_add_to_attr(pool->pool, hkv_names.num_evictions, evicted[MAX_COUNTED_GROUPS]);
 }
 
 /* BlockPool.get_new_blocks: a new list of num_blocks blocks, each held once.
@@ -116,17 +135,17 @@ hkv_pool_take(Pool *pool, Py_ssize_t num_blocks, int counted)
         PyErr_SetString(PyExc_AssertionError, "the eviction policy returned too few blocks");
         return NULL;
     }
-    Py_ssize_t evicted = 0;
+    Py_ssize_t evicted[MAX_COUNTED_GROUPS + 1] = {0};  /* per group, then the total */
     for (Py_ssize_t i = 0; i < num_blocks; i++) {
         PyObject *b = PyList_GET_ITEM(blocks, i);
         if (!PyObject_TypeCheck(b, &HKV_BlockType)) {
             PyErr_SetString(PyExc_TypeError, "the eviction policy returned a non-block");
             goto fail;
         }
-        if (reset_taken(pool, BLOCK(b), &evicted) < 0)
+        if (reset_taken(pool, BLOCK(b), evicted) < 0)
             goto fail;
     }
-    if (evicted && hkv_add_to_attr(pool->pool, hkv_names.num_evictions, evicted) < 0)
+    if (count_evictions(pool, evicted) < 0)
         goto fail;
     return blocks;
 fail:
