@@ -1,18 +1,19 @@
 """Build of the C extensions; the project metadata lives in pyproject.toml.
 
-Both need only a C compiler and Python's headers and link no library:
+Each needs only a C compiler and Python's headers and links no library:
 
 - `hybridkv.kv_cache._chainhash` (chained block hashing): SHA-256 is written
   in the package (`_sha256.c`, with the x86 SHA extensions picked at run
   time) and xxHash is the vendored header-only library (`_vendor/xxhash.h`,
   BSD-2-Clause);
-- `hybridkv.kv_cache._fastpath` (the KV cache manager's hot paths, `_fp_*.c`).
+- `hybridkv.kv_cache._fastpath` (the KV cache manager's hot paths, `_fp_*.c`);
+- `hybridkv.store._codec` (the KV tier's batch encoding and eviction selection).
 
 When one cannot be built (no compiler, no Python headers) the install still
-succeeds, prints a warning and leaves the reason in
-`hybridkv/kv_cache/<module>.build-error.txt`; the package then warns once and
-runs the pure-Python code instead (same results, slower: hashing about 7x,
-the scheduler path several times).
+succeeds, prints a warning and leaves the reason beside the module
+(`<module>.build-error.txt`); the package then warns once and runs the
+pure-Python code instead (same results, slower: hashing about 7x, the
+scheduler path several times; store payloads encoded in Python, same bytes).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 _BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError)
 _KV_CACHE = os.path.join("hybridkv", "kv_cache")
+_STORE = os.path.join("hybridkv", "store")
 
 CHAINHASH = Extension(
     "hybridkv.kv_cache._chainhash",
@@ -47,12 +49,21 @@ FASTPATH = Extension(
     include_dirs=[_KV_CACHE],
     optional=True,
 )
+CODEC = Extension(
+    "hybridkv.store._codec",
+    sources=[os.path.join(_STORE, name) for name in ("_codec.c", "_lrutable.c", "_recorder.c",
+                                                         "_tailset.c")],
+    depends=[os.path.join(_STORE, "_codec.h"), os.path.join(_KV_CACHE, "_vendor", "xxhash.h")],
+    include_dirs=[_KV_CACHE],
+    optional=True,
+)
 # what each extension does, and what runs instead when it is missing
 _ROLES = {
     CHAINHASH.name: ("C hashing extension", "block hashing falls back to pure Python (~7x "
                                             "slower)"),
     FASTPATH.name: ("C fast-path extension", "the KV cache manager runs its pure-Python "
                                              "reference (several times slower)"),
+    CODEC.name: ("C KV store codec", "KV store payloads are encoded in Python (slower)"),
 }
 
 
@@ -129,4 +140,4 @@ def _write_marker(path: str, reason: str | None) -> None:
         f.write(reason + "\n")
 
 
-setup(ext_modules=[CHAINHASH, FASTPATH], cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=[CHAINHASH, FASTPATH, CODEC], cmdclass={"build_ext": OptionalBuildExt})

@@ -36,16 +36,9 @@ from typing import Any
 
 from grid_report import summarize, write_markdown
 
-from hybridkv import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    KVCacheManager,
-    MambaSpec,
-    SlidingWindowSpec,
-)
+from hybridkv import KVCacheManager
 from hybridkv.testing.ideal import ClairvoyantCache, PrefixIndex, reusable_blocks, reuse_ceiling
-from hybridkv.testing.replay import ManagerAdapter, replay
+from hybridkv.testing.replay import ManagerAdapter, make_config, replay
 from hybridkv.tools.pressure_workloads import WORKLOADS, make_trace
 
 TOKEN_BUDGET = 8192
@@ -54,16 +47,6 @@ FULL_GRID = dict(shapes=list(WORKLOADS), seeds=list(range(6)), block_sizes=[16, 
                  kinds=["full", "swa", "mamba"])
 QUICK_GRID = dict(FULL_GRID, seeds=[0, 1], block_sizes=[16], fracs=[0.3, 0.5, 0.7],
                   windows=[1024])
-
-
-def make_config(kind: str, num_blocks: int, block_size: int, window: int) -> KVCacheConfig:
-    groups = [KVCacheGroupSpec(["full"], FullAttentionSpec(block_size=block_size))]
-    if kind == "swa":
-        groups.append(KVCacheGroupSpec(["swa"], SlidingWindowSpec(
-            block_size=block_size, sliding_window=window)))
-    elif kind == "mamba":
-        groups.append(KVCacheGroupSpec(["mamba"], MambaSpec(block_size=block_size)))
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_groups=groups)
 
 
 def pool_blocks(kind: str, frac: float, reusable: int, longest: int, block_size: int,
@@ -89,10 +72,10 @@ def ideal_spacings(kind: str, block_size: int, window: int) -> list[int]:
 
 def run_policy(trace, kind: str, num_blocks: int, block_size: int, window: int,
                policy: str) -> dict[str, Any]:
-    manager = KVCacheManager(make_config(kind, num_blocks, block_size, window),
-                             eviction_policy=policy)
+    config = make_config(kind, num_blocks, block_size=block_size, window=window)
+    manager = KVCacheManager(config, eviction_policy=policy)
     stats = replay(trace.requests, ManagerAdapter(manager), max_running=trace.max_running,
-                   token_budget=TOKEN_BUDGET)
+                   max_batched_tokens=TOKEN_BUDGET)
     if manager.num_free_blocks != num_blocks - 1:
         raise AssertionError(f"{policy} leaked blocks on {trace.name} seed {trace.seed}")
     return {"hit": round(stats.hit_rate, 5), "preemptions": stats.preemptions}
@@ -105,7 +88,7 @@ def run_ideal(trace, index, kind: str, num_blocks: int, block_size: int,
         cache = ClairvoyantCache(trace.requests, kind, num_blocks, block_size, window,
                                  index=index, checkpoint_tokens=spacing)
         stats = replay(trace.requests, cache, max_running=trace.max_running,
-                       token_budget=TOKEN_BUDGET)
+                       max_batched_tokens=TOKEN_BUDGET)
         if cache.num_free_blocks != num_blocks - 1:
             raise AssertionError(f"the clairvoyant cache leaked blocks on {trace.name}")
         if stats.hit_rate > best["hit"]:

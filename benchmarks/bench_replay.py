@@ -4,7 +4,7 @@ The trace (`hybridkv.tools.bench_traces.shared_prefix_trace`): 2,000 requests,
 each a 1,024-token shared prefix + 256 unique tokens, then 64 decode steps;
 a pool of 4,096 blocks of 16 tokens, window 1,024, 64 requests running at
 once, 8,192 tokens per step, sha256. The continuous-batching driver
-(`hybridkv.tools.replay`) times every manager call; each config is run
+(`hybridkv.testing.replay`) times every manager call; each config is run
 `--repeats` times and the median run is reported, with the mean cost of
 each call (start = Request(), lookup, prefill and decode allocations,
 append, free). The paths that ran are recorded (`hybridkv --version`: the C
@@ -38,10 +38,11 @@ import warnings
 
 from common import add_common_args, prepare_out, shared_bench_dir, write_result
 
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
+from hybridkv.testing.replay import CONFIG_GROUPS, TIMED_CALLS, ManagerAdapter, make_config, replay
 from hybridkv.tools.bench_traces import shared_prefix_trace
 from hybridkv.tools.cli import version_text
-from hybridkv.tools.replay import CONFIG_GROUPS, TIMED_CALLS, ManagerAdapter, make_config, replay
 
 NUM_BLOCKS = 4096
 WORKING_SET = 6000  # blocks the trace holds at once at most (64 requests x 84 blocks), rounded up
@@ -52,12 +53,13 @@ def run_config(config: str, trace, repeats: int, num_blocks: int = NUM_BLOCKS) -
     """Median (by requests/s) of `repeats` replays on a fresh manager each."""
     runs = []
     for _ in range(repeats):
-        adapter = ManagerAdapter(make_config(config, num_blocks))
+        adapter = ManagerAdapter(KVCacheManager(make_config(config, num_blocks)))
         filled = fill_pool(adapter, num_blocks - WORKING_SET) if num_blocks > NUM_BLOCKS else 0
-        free_before = adapter.num_free_blocks()
-        res = replay(trace, adapter, max_running=64, max_batched_tokens=8192)
+        free_before = adapter.num_free_blocks
+        res = replay(trace.requests, adapter, max_running=64, max_batched_tokens=8192,
+                     timed=True)
         row = res.as_dict()
-        row["leak_free"] = adapter.num_free_blocks() == free_before
+        row["leak_free"] = adapter.num_free_blocks == free_before
         row["cached_before"] = filled
         runs.append(row)
     runs.sort(key=lambda r: r["requests_per_s"])

@@ -2,7 +2,7 @@
 
 The pressure settings of `hybridkv.tools.pressure` (round-robin multi-turn
 chat, branching few-shot headers, long-document QA; pools of 40-50% of the
-reusable working set; the driver of `hybridkv.tools.replay`) replayed through
+reusable working set; the driver of `hybridkv.testing.replay`) replayed through
 KVCacheManager with a `KVTier` over a `cpu://` store holding `--tiers` times
 the pool's block count (simulated pages: no model, the bookkeeping is the
 engine's). The hit rate counts prompt tokens reused from either tier at first
@@ -24,6 +24,7 @@ import time
 from common import add_common_args, prepare_out, write_result
 
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
 from hybridkv.store import CpuStore
 from hybridkv.store.cpu import ENTRY_OVERHEAD
@@ -31,9 +32,10 @@ from hybridkv.store.keys import FINGERPRINT_BYTES, KEY_PREFIX
 from hybridkv.store.pages import SimulatedPages
 from hybridkv.store.payload import HEADER_BYTES
 from hybridkv.store.tier import KVTier
-from hybridkv.tools.bench_traces import reuse_stats
+from hybridkv.store.writer import DEFAULT_INLINE_BYTES
+from hybridkv.testing.replay import ManagerAdapter, make_config, replay
 from hybridkv.tools.pressure import MAX_BATCHED_TOKENS, SETTINGS, pool_blocks
-from hybridkv.tools.replay import ManagerAdapter, make_config, replay
+from hybridkv.tools.traces import reuse_stats
 
 PAGE_BYTES = 64  # simulated block data: the store is sized in blocks, not bytes
 
@@ -53,15 +55,18 @@ class TieredAdapter(ManagerAdapter):
     """
 
     def __init__(self, config: KVCacheConfig, tier_blocks: int, select: str, *,
-                 eviction_policy: str | None = None, flush_each_lookup: bool = True) -> None:
-        super().__init__(config, eviction_policy=eviction_policy)
+                 eviction_policy: str | None = None, flush_each_lookup: bool = True,
+                 inline_write_bytes: int = DEFAULT_INLINE_BYTES) -> None:
+        kwargs = {"eviction_policy": eviction_policy} if eviction_policy else {}
+        super().__init__(KVCacheManager(config, **kwargs))
         self.flush_each_lookup = flush_each_lookup
         self.wait = False
         self.tier = None
         if tier_blocks:
             pages = SimulatedPages(config.num_blocks, len(config.kv_cache_groups), PAGE_BYTES)
             self.tier = KVTier(self.manager, CpuStore(tier_blocks * entry_bytes()), pages,
-                               b"pressure-bench!!", select=select)
+                               b"pressure-bench!!", select=select,
+                               inline_write_bytes=inline_write_bytes)
 
     def lookup(self, req: Request) -> int:
         blocks, num_cached = self.manager.get_computed_blocks(req)
@@ -89,17 +94,18 @@ def run_row(name: str, config: str, tier: int, select: str, quick: bool) -> dict
     stats = reuse_stats(trace)
     num_blocks = pool_blocks(stats, setting.pool_fraction, config)
     adapter = TieredAdapter(make_config(config, num_blocks), tier * num_blocks, select)
-    res = replay(trace, adapter, max_running=setting.max_running,
-                 max_batched_tokens=MAX_BATCHED_TOKENS)
+    res = replay(trace.requests, adapter, max_running=setting.max_running,
+                 max_batched_tokens=MAX_BATCHED_TOKENS, timed=True)
     row = {"setting": name, "config": config, "num_blocks": num_blocks, "tier": tier,
-           "select": select, "fingerprint": trace.fingerprint,
+           "select": select, "fingerprint": trace.fingerprint(),
            "hit_rate": round(res.hit_rate, 5),
            "ceiling_hit_rate": round(stats.ceiling_hit_rate, 5),
            "over_ceiling": round(res.hit_rate / stats.ceiling_hit_rate, 4),
            "finished": res.finished, "complete": res.finished == len(trace.requests),
            "requests_per_s": round(res.requests_per_s, 1), "preemptions": res.preemptions,
-           "leak_free": adapter.num_free_blocks() == num_blocks - 1}
+           "leak_free": adapter.num_free_blocks == num_blocks - 1}
     if adapter.tier is not None:
+        adapter.tier.flush()  # (blocks still queued count as written)
         st = adapter.tier.stats()
         row.update(store_hit_tokens=st.hit_tokens, written_blocks=st.written_blocks,
                    loaded_blocks=st.loaded_blocks, store_keys=st.store.keys,

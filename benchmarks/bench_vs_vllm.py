@@ -3,7 +3,7 @@
 The trace is the project's own (`shared_prefix_trace`: 2,000 requests, a
 1,024-token shared prefix + 256 unique tokens, then 64 decode steps), written
 once to a trace file that both sides read and check against its fingerprint.
-Both sides run the same replay driver (`hybridkv.tools.replay`: 64 running,
+Both sides run the same replay driver (`hybridkv.testing.replay`: 64 running,
 8,192 tokens per step) over a pool of 4,096 blocks of 16 tokens with sha256
 block hashes, on three configs: full attention, full + sliding window 1,024,
 full + Mamba. vLLM's side is its v1 `KVCacheManager` driven the way its
@@ -44,8 +44,8 @@ import time
 
 from common import add_common_args, prepare_out, write_result
 
+from hybridkv.testing.replay import CONFIG_GROUPS
 from hybridkv.tools.bench_traces import shared_prefix_trace
-from hybridkv.tools.replay import CONFIG_GROUPS
 from hybridkv.tools.trace_file import save_trace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -226,13 +226,13 @@ def main(argv: list[str] | None = None) -> dict:
     trace = shared_prefix_trace(num_requests=args.num_requests)
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        trace_path = os.path.join(tmp, f"{trace.fingerprint}.trace")
+        trace_path = os.path.join(tmp, f"{trace.fingerprint()}.trace")
         save_trace(trace, trace_path)
-        runs = run_sitting(args, args.vllm_python, trace_path, trace.fingerprint)
+        runs = run_sitting(args, args.vllm_python, trace_path, trace.fingerprint())
     ids = [r.request_id for r in trace.requests]
     summary = {c: config_summary(runs[c], ids) for c in runs}
     loads = [x for c in runs for s in runs[c] for r in runs[c][s] for x in r["load_avg_1min"]]
-    meta = {"fingerprint": trace.fingerprint, "rounds": args.rounds, "vllm": vllm_version,
+    meta = {"fingerprint": trace.fingerprint(), "rounds": args.rounds, "vllm": vllm_version,
             "load_min": min(loads), "load_max": max(loads),
             "minutes": round((time.time() - started) / 60, 1)}
     table = markdown(summary, meta)

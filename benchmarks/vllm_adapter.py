@@ -102,11 +102,11 @@ class VllmAdapter:
             scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
 
     def start(self, tr) -> Request:
-        params = self._params.get(len(tr.decode_token_ids))
+        params = self._params.get(len(tr.output))
         if params is None:
-            params = SamplingParams(max_tokens=max(1, len(tr.decode_token_ids)))
-            self._params[len(tr.decode_token_ids)] = params
-        return Request(tr.request_id, list(tr.prompt_token_ids), params, None,
+            params = SamplingParams(max_tokens=max(1, len(tr.output)))
+            self._params[len(tr.output)] = params
+        return Request(tr.request_id, list(tr.prompt), params, None,
                        arrival_time=0.0, block_hasher=self.hasher)
 
     def lookup(self, req: Request) -> int:
@@ -160,5 +160,6 @@ class VllmAdapter:
         if retained:
             self.manager.block_pool.free_blocks(retained)
 
+    @property
     def num_free_blocks(self) -> int:
         return self.manager.block_pool.get_num_free_blocks()

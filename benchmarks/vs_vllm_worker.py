@@ -4,7 +4,7 @@ Run by `bench_vs_vllm.py`, once per side, config and round, each in a fresh
 process: `--side hybridkv` under the Python that runs the comparison,
 `--side vllm` under the one that has vLLM (both with this checkout on
 PYTHONPATH, so both use the same trace reader and replay driver,
-`hybridkv.tools.replay`). The worker loads the trace, refuses it if its
+`hybridkv.testing.replay`). The worker loads the trace, refuses it if its
 fingerprint is not `--fingerprint`, replays the first `--warmup` requests on
 a manager of its own (untimed: first-call costs), then the whole trace on a
 fresh manager, and prints one line `RESULT {json}`: requests/s and per-call
@@ -23,8 +23,8 @@ import platform
 import sys
 import warnings
 
-from hybridkv.tools.bench_traces import Trace
-from hybridkv.tools.replay import CONFIG_GROUPS, ManagerAdapter, make_config, replay
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.testing.replay import CONFIG_GROUPS, ManagerAdapter, make_config, replay
 from hybridkv.tools.trace_file import load_trace
 
 SIDES = ("hybridkv", "vllm")
@@ -51,7 +51,7 @@ def hybridkv_adapter(args: argparse.Namespace):
     """hybridkv's manager, exactly as `bench_replay.py` builds it."""
     config = make_config(args.config, args.num_blocks, window=args.window,
                          block_size=args.block_size)
-    return ManagerAdapter(config, hash_algo=args.hash_algo)
+    return ManagerAdapter(KVCacheManager(config, hash_algo=args.hash_algo))
 
 
 def vllm_adapter(args: argparse.Namespace):
@@ -81,25 +81,26 @@ def side_info(side: str) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     trace = load_trace(args.trace)
-    if trace.fingerprint != args.fingerprint:
-        raise SystemExit(f"{args.trace}: fingerprint {trace.fingerprint}, expected "
+    fingerprint = trace.fingerprint()
+    if fingerprint != args.fingerprint:
+        raise SystemExit(f"{args.trace}: fingerprint {fingerprint}, expected "
                          f"{args.fingerprint}")
     make = vllm_adapter if args.side == "vllm" else hybridkv_adapter
-    drive = dict(max_running=args.max_running, max_batched_tokens=args.max_batched_tokens)
+    drive = dict(max_running=args.max_running, max_batched_tokens=args.max_batched_tokens,
+                 timed=True)
     if args.warmup > 0:
-        warm = Trace(trace.name, trace.params, trace.requests[:args.warmup])
-        replay(warm, make(args), **drive)
+        replay(trace.requests[:args.warmup], make(args), **drive)
     adapter = make(args)
     gc.collect()
-    res = replay(trace, adapter, **drive)
+    res = replay(trace.requests, adapter, **drive)
     if hasattr(adapter, "drain"):
         adapter.drain()
     usable = args.num_blocks - 1  # block 0 is the null block on both sides
-    return {"side": args.side, "config": args.config, "fingerprint": trace.fingerprint,
+    return {"side": args.side, "config": args.config, "fingerprint": fingerprint,
             "info": side_info(args.side), **res.as_dict(),
             "hit_tokens": res.hit_tokens, "prompt_tokens": res.prompt_tokens,
             "request_hits": [res.request_hits.get(r.request_id, -1) for r in trace.requests],
-            "leaked_blocks": usable - adapter.num_free_blocks()}
+            "leaked_blocks": usable - adapter.num_free_blocks}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 from hypothesis import HealthCheck, settings
-from redis_fixture import redis_server  # noqa: F401 - a shared fixture for every test dir
+from redis_fixture import killable_redis, redis_server  # noqa: F401 - shared fixtures
 
 settings.register_profile("ci", max_examples=60, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -74,6 +74,46 @@ def running_redis(workdir: Path, port: int | None = None):
         log.close()
 
 
+class RedisProcess:
+    """A redis-server on a fixed free 127.0.0.1 port (no persistence) that a test
+    can `kill` (SIGKILL) and `start` again on the same port; `url`."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port, self.workdir = free_port(), workdir
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [redis_server_exe(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for_ping(self.url, self.proc)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def killable_redis(tmp_path):
+    """A started `RedisProcess` for one test (which may kill and restart it)."""
+    server = RedisProcess(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """URL (`redis://127.0.0.1:PORT/0`) of a redis-server running for this session."""

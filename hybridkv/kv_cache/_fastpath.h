@@ -218,7 +218,7 @@ typedef struct {
     PyObject *num_cached_blocks, *num_skipped, *skips, *spec, *sliding_window;
     PyObject *num_window_blocks, *attention_chunk_size, *checkpoint_interval;
     PyObject *free_queue, *null_block, *cached, *subscribers, *evict_listeners;
-    PyObject *stale_listeners, *group_evictions, *uses_hints, *evicted;
+    PyObject *stale_listeners, *group_evictions, *uses_hints, *evicted, *filter_evicted;
     PyObject *h_mm, *h_salt, *h_lora, *get, *hex, *append_checked;
     PyObject *init_checked, *cache_salt, *lora_name, *mm_hashes, *max_tokens, *protect;
 } Names;

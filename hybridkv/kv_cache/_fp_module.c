@@ -84,6 +84,7 @@ hkv_init_names(void)
     INTERN(h_lora, "_lora");
     INTERN(subscribers, "_subscribers");
     INTERN(evict_listeners, "_evict_listeners");
+    INTERN(filter_evicted, "_filter_evicted");
     INTERN(stale_listeners, "_stale_listeners");
     return 0;
 }

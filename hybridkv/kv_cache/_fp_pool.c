@@ -1,8 +1,10 @@
 /* BlockPool's operations (block_pool.py) on the bound pool: take new blocks,
  * touch hit blocks, free blocks, cache full blocks. Same steps in the same
  * order as the Python methods; the eviction policy is called through its
- * Python methods. With any listener or subscriber registered, the Python
- * method itself runs (events and notifications stay in one place). */
+ * Python methods. With a stale-block listener or an event subscriber
+ * registered, the Python method itself runs (events and notifications stay in
+ * one place); eviction listeners (a KV tier's hook) are called from here, as
+ * BlockPool._notify_evict calls them. */
 #include "_fastpath.h"
 
 static inline int
@@ -110,14 +112,49 @@ count_evictions(Pool *pool, Py_ssize_t *evicted)
     return hkv_add_to_attr(pool->pool, hkv_names.num_evictions, evicted[MAX_COUNTED_GROUPS]);
 }
 
+/* BlockPool._notify_evict: the eviction listeners get the blocks taken that
+ * cache data (or all of them, when every listener skips empty ones itself). */
+static int
+notify_evict(Pool *pool, PyObject *blocks)
+{
+    PyObject *flag = PyObject_GetAttr(pool->pool, hkv_names.filter_evicted);
+    int filter = flag ? PyObject_IsTrue(flag) : -1;
+    Py_XDECREF(flag);
+    if (filter < 0)
+        return -1;
+    PyObject *evicted = blocks;
+    if (filter) {
+        evicted = PyList_New(0);
+        for (Py_ssize_t i = 0; evicted && i < PyList_GET_SIZE(blocks); i++) {
+            PyObject *b = PyList_GET_ITEM(blocks, i);
+            if (BLOCK(b)->block_hash != Py_None && PyList_Append(evicted, b) < 0)
+                Py_CLEAR(evicted);
+        }
+        if (evicted == NULL)
+            return -1;
+    } else {
+        Py_INCREF(evicted);
+    }
+    int rc = 0;
+    if (PyList_GET_SIZE(evicted) > 0) {
+        for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(pool->evict_listeners); i++) {
+            PyObject *out = PyObject_CallOneArg(PyList_GET_ITEM(pool->evict_listeners, i),
+                                                evicted);
+            rc = out == NULL ? -1 : 0;
+            Py_XDECREF(out);
+        }
+    }
+    Py_DECREF(evicted);
+    return rc;
+}
+
 /* BlockPool.get_new_blocks: a new list of num_blocks blocks, each held once.
  * `counted`: the caller knows that many are free (an allocation that fit), so the
  * free count is not read again. */
 PyObject *
 hkv_pool_take(Pool *pool, Py_ssize_t num_blocks, int counted)
 {
-    if (listening(pool->evict_listeners) || listening(pool->stale_listeners) ||
-        listening(pool->subscribers))
+    if (listening(pool->stale_listeners) || listening(pool->subscribers))
         return hkv_call(pool->pool, hkv_names.get_new_blocks,
                         (PyObject *[]){HKV_N(num_blocks)}, 1);
     Py_ssize_t num_free = counted ? num_blocks : hkv_pool_num_free(pool);
@@ -135,16 +172,18 @@ hkv_pool_take(Pool *pool, Py_ssize_t num_blocks, int counted)
         PyErr_SetString(PyExc_AssertionError, "the eviction policy returned too few blocks");
         return NULL;
     }
-    Py_ssize_t evicted[MAX_COUNTED_GROUPS + 1] = {0};  /* per group, then the total */
     for (Py_ssize_t i = 0; i < num_blocks; i++) {
-        PyObject *b = PyList_GET_ITEM(blocks, i);
-        if (!PyObject_TypeCheck(b, &HKV_BlockType)) {
+        if (!PyObject_TypeCheck(PyList_GET_ITEM(blocks, i), &HKV_BlockType)) {
             PyErr_SetString(PyExc_TypeError, "the eviction policy returned a non-block");
             goto fail;
         }
-        if (reset_taken(pool, BLOCK(b), evicted) < 0)
-            goto fail;
     }
+    if (listening(pool->evict_listeners) && notify_evict(pool, blocks) < 0)
+        goto fail;
+    Py_ssize_t evicted[MAX_COUNTED_GROUPS + 1] = {0};  /* per group, then the total */
+    for (Py_ssize_t i = 0; i < num_blocks; i++)
+        if (reset_taken(pool, BLOCK(PyList_GET_ITEM(blocks, i)), evicted) < 0)
+            goto fail;
     if (count_evictions(pool, evicted) < 0)
         goto fail;
     return blocks;

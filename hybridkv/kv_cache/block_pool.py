@@ -93,6 +93,7 @@ class BlockPool:
         self._subscribers: list[EventSubscriber] = []
         self._stale_listeners: list[Callable[[list[int]], None]] = []
         self._evict_listeners: list[Callable[[list[Block]], None]] = []
+        self._filter_evicted = False  # a listener wants cached blocks only
 
     # ---- queries -------------------------------------------------------------
 
@@ -307,15 +308,20 @@ class BlockPool:
         """
         self._stale_listeners.append(callback)
 
-    def on_evict(self, callback: Callable[[list[Block]], None]) -> None:
+    def on_evict(self, callback: Callable[[list[Block]], None], *,
+                 skips_empty: bool = False) -> None:
         """Call `callback(blocks)` with cached blocks taken for new data, before
         they lose their hash and rating: their pages still hold the data (a
         second tier copies it out here, or notes it to copy before the pages
-        are next written). The blocks must not be changed."""
+        are next written). The blocks must not be changed. A callback that
+        `skips_empty` may also get blocks that cached nothing (no hash), which
+        spares the pool a filtering pass while it is the only kind listening."""
         self._evict_listeners.append(callback)
+        self._filter_evicted = self._filter_evicted or not skips_empty
 
     def _notify_evict(self, blocks: list[Block]) -> None:
-        evicted = [b for b in blocks if b.block_hash is not None]
+        evicted = [b for b in blocks if b.block_hash is not None] \
+            if self._filter_evicted else blocks
         if evicted:
             for callback in self._evict_listeners:
                 callback(evicted)

@@ -202,6 +202,17 @@ class KVCacheManager(ManagerBase):
                 f"per manager, warn_repeated_misses=False turns it off)", RuntimeWarning,
                 stacklevel=stacklevel)
 
+    def note_reuse_elsewhere(self, request: Request) -> None:
+        """The prompt start of `request`, which its last lookup found nowhere in
+        the pool, is reused from a second tier after all (a KV store): that
+        lookup does not count toward the repeated-miss warning."""
+        hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
+        count = self._missed_prefixes.get(hashes[0], 0) if hashes else 0
+        if count > 1:
+            self._missed_prefixes[hashes[0]] = count - 1
+        elif count:
+            del self._missed_prefixes[hashes[0]]
+
     # ---- allocation ----------------------------------------------------------
 
     # allocate_slots: ManagerBase (the C extension's, or fastpath.ManagerCore) returns at
@@ -424,10 +435,12 @@ class KVCacheManager(ManagerBase):
         """Cache the imported blocks that arrived; release the import's references."""
         return end_import(self.pool, imp, loaded)
 
-    def on_evict(self, callback: Callable[[list[Block]], None]) -> None:
+    def on_evict(self, callback: Callable[[list[Block]], None], *,
+                 skips_empty: bool = False) -> None:
         """`callback(blocks)` with cached blocks about to be taken for new data
-        (their pages still hold it): a second tier copies them out."""
-        self.pool.on_evict(callback)
+        (their pages still hold it): a second tier copies them out. See
+        `BlockPool.on_evict` for `skips_empty`."""
+        self.pool.on_evict(callback, skips_empty=skips_empty)
 
     def on_stale_blocks(self, callback) -> None:
         """Debug hook: `callback(block_ids)` when blocks stop holding valid data

@@ -14,6 +14,12 @@ group `g` with block size `B` covers `B // hash_block_size` hashes per block
                  "num_layers": 3, "sliding_window": 32, "num_sink_tokens": 0},
                 {"group_id": 1, "type": "full_attention", "block_size": 16,
                  "num_layers": 1}]}
+
+With a shared Redis KV store (`--kv-store redis://...`) the layout also names
+it, so a router can count what the store holds (`hybridkv route
+--kv-store`): `"kv_store": {"url": "redis://host:port/db", "prefix": "hkv",
+"fingerprint": "<32 hex digits>"}` (no credentials; the fingerprint is the
+one in every store key of this model and layout).
 """
 
 from __future__ import annotations
@@ -64,8 +70,23 @@ def kv_cache_layout(llm: Any, model_name: str, instance_id: str) -> dict[str, An
         groups.append({"group_id": gid, "type": group_type(spec),
                        "block_size": spec.block_size, "num_layers": len(group.layer_names),
                        **_group_fields(spec)})
-    return {"version": LAYOUT_VERSION, "instance_id": instance_id, "model": model_name,
-            "hash_algo": llm.kv.hash_algo, "hash_block_size": llm.kv.hash_block_size,
-            "enable_prefix_caching": llm.kv.enable_caching,
-            "num_blocks": llm.config.num_blocks, "max_model_len": llm.runner.max_model_len,
-            "groups": groups}
+    out = {"version": LAYOUT_VERSION, "instance_id": instance_id, "model": model_name,
+           "hash_algo": llm.kv.hash_algo, "hash_block_size": llm.kv.hash_block_size,
+           "enable_prefix_caching": llm.kv.enable_caching,
+           "num_blocks": llm.config.num_blocks, "max_model_len": llm.runner.max_model_len,
+           "groups": groups}
+    store = shared_store(llm)
+    if store is not None:
+        out["kv_store"] = store
+    return out
+
+
+def shared_store(llm: Any) -> dict[str, Any] | None:
+    """The `kv_store` field: the engine's store when other instances can share
+    it (redis://), else None."""
+    tier = getattr(llm, "tier", None)
+    if tier is None or getattr(tier.store, "scheme", None) != "redis":
+        return None
+    prefix = tier.store.prefix  # b"<prefix>:" in front of every key
+    return {"url": tier.store.describe(), "prefix": prefix[:-1].decode(),
+            "fingerprint": tier.keys.fingerprint.hex()}

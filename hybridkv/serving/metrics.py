@@ -29,6 +29,28 @@ Counters appear with the `_total` suffix prometheus-client adds.
 | hybridkv_requests_rejected | counter | requests refused with 429 (queue full) |
 | hybridkv_events_published | counter | block event batches written to --events |
 | hybridkv_events_dropped | counter | batches dropped (publisher queue full) |
+
+With `--kv-store` (docs/kv_tiers.md), also:
+
+| metric | type | meaning |
+| --- | --- | --- |
+| vllm:external_prefix_cache_queries | counter | prompt tokens of requests the store was asked for |
+| vllm:external_prefix_cache_hits | counter | prompt tokens reused because the store held them |
+| hybridkv_kv_store_hit_tokens | counter | per group: tokens covered by blocks loaded |
+| hybridkv_kv_store_loaded_blocks | counter | per group: blocks loaded from the store |
+| hybridkv_kv_store_read_bytes | counter | per group: bytes of block data loaded |
+| hybridkv_kv_store_written_blocks | counter | per group: blocks written to the store |
+| hybridkv_kv_store_written_bytes | counter | per group: bytes written (headers included) |
+| hybridkv_kv_store_rejected_blocks | counter | per group: damaged or mismatched blocks |
+| hybridkv_kv_store_load_seconds | counter | per group: time reading, checking, copying blocks in |
+| hybridkv_kv_store_store_seconds | counter | per group: time encoding and writing blocks |
+| hybridkv_kv_store_dropped_blocks | counter | evicted blocks not written (writer backlog full) |
+| hybridkv_kv_store_errors | counter | failed store calls (each a recompute, never an error) |
+| hybridkv_kv_store_up | gauge | 1 while the store answers, 0 while it is backed off |
+| hybridkv_kv_store_keys | gauge | blocks the store holds (as it counts them) |
+| hybridkv_kv_store_used_bytes | gauge | bytes the store holds (as it counts them) |
+
+The store figures are read when `/metrics` is scraped.
 """
 
 from __future__ import annotations
@@ -45,6 +67,7 @@ from prometheus_client import (
 )
 
 from hybridkv.serving.layout import group_type
+from hybridkv.serving.store_metrics import StoreMetrics
 
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -65,6 +88,7 @@ class ServerMetrics:
         self._build_engine_metrics()
         self._build_request_metrics()
         self._build_group_metrics(llm)
+        self.store = StoreMetrics(self, llm.tier) if getattr(llm, "tier", None) else None
         stats, sched = llm.kv.prefix_cache_stats, llm.scheduler.stats
         # counters start from the engine's state now (a warm-up run is not counted)
         self._last = {"queries": stats.queries, "hits": stats.hits,
@@ -87,6 +111,15 @@ class ServerMetrics:
         """A counter with labels model_name and group, one bound child per group."""
         metric = Counter(name, doc, ("model_name", "group"), registry=self.registry)
         return [metric.labels(group=str(g), **self._m) for g in range(self.num_groups)]
+
+    def counter(self, name: str, doc: str) -> Any:
+        return self._counter(name, doc)
+
+    def gauge(self, name: str, doc: str) -> Any:
+        return self._gauge(name, doc)
+
+    def per_group(self, name: str, doc: str) -> list[Any]:
+        return self._per_group(name, doc)
 
     def _build_engine_metrics(self) -> None:
         self.running = self._gauge("vllm:num_requests_running", "Requests running.")
@@ -198,4 +231,6 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
+        if self.store is not None:
+            self.store.record()
         return generate_latest(self.registry)

@@ -14,8 +14,13 @@ such error as a miss (recompute), never as a reason to fail a request.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+from hybridkv.store.codec import encode_blocks
+from hybridkv.store.payload import BlockLayout
 
 
 class StoreError(Exception):
@@ -54,6 +59,9 @@ class KVStore(ABC):
 
     #: the URL scheme, e.g. "cpu"
     scheme: str = ""
+    #: puts do no I/O and return at once (memory only): a tier may write a small
+    #: batch from the engine's thread instead of handing it to its writer thread
+    inline_writes: bool = False
 
     @abstractmethod
     def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
@@ -62,6 +70,26 @@ class KVStore(ABC):
         A key already stored is refreshed (its value replaced). A value
         larger than the whole store is skipped. Raises StoreError.
         """
+
+    def put_blocks(self, layout: BlockLayout, key_prefix: bytes, hashes: Sequence[bytes],
+                   data: np.ndarray) -> int:
+        """Store a batch of KV blocks of one group: block i (`data[:, i]`, uint8
+        `[num_layers, n, layer_bytes]`) encoded (`payload.encode_block`) under
+        `key_prefix + hashes[i]`, as `put` does. Stores may do it in one call
+        (the cpu store does: no per-block Python objects but the values)."""
+        keys = [key_prefix + h for h in hashes]
+        return self.put(keys, encode_blocks(layout, keys, data))
+
+    def put_pages(self, layout: BlockLayout, key_prefix: bytes, hashes: Sequence[bytes],
+                  ids: bytes, views: list[np.ndarray]) -> int:
+        """`put_blocks` of blocks still in the pages: block i is row `ids[i]`
+        (native int64 bytes) of each layer's view (2-D, a row per block id; its
+        first `layout.layer_bytes` bytes are the data). The cpu store encodes
+        them from there, with no copy in between."""
+        rows = np.frombuffer(ids, dtype=np.int64)
+        data = np.stack([v.reshape(v.shape[0], -1).view(np.uint8)[rows, :layout.layer_bytes]
+                         for v in views])
+        return self.put_blocks(layout, key_prefix, hashes, data)
 
     @abstractmethod
     def get(self, keys: Sequence[bytes]) -> list[bytes]:
@@ -76,12 +104,15 @@ class KVStore(ABC):
 
     def prefix_length(self, keys: Sequence[bytes]) -> int:
         """How many leading keys are stored (a query: refreshes nothing)."""
-        n = 0
-        for present in self.contains(keys):
-            if not present:
-                break
-            n += 1
-        return n
+        return leading_count(self.contains(keys))
+
+    def prefix_length_blocks(self, key_prefix: bytes, hashes: Sequence[bytes]) -> int:
+        """`prefix_length` of the keys `key_prefix + h` (stores may skip building them)."""
+        return self.prefix_length([key_prefix + h for h in hashes])
+
+    def contains_blocks(self, key_prefix: bytes, hashes: Sequence[bytes]) -> list[bool]:
+        """`contains` of the keys `key_prefix + h` (stores may skip building them)."""
+        return self.contains([key_prefix + h for h in hashes])
 
     @abstractmethod
     def delete(self, keys: Sequence[bytes]) -> int:
@@ -100,3 +131,25 @@ class KVStore(ABC):
     def describe(self) -> str:
         """A URL-like description for messages (no credentials)."""
         return f"{self.scheme}://"
+
+
+def leading_count(flags: Iterable[object]) -> int:
+    """How many leading items are true: the stored prefix of a run of keys,
+    given whether each is stored (lazily, so that the first missing ends it).
+
+    >>> leading_count(k in {b"a", b"b"} for k in (b"a", b"b", b"x", b"a"))
+    2
+    """
+    n = 0
+    for flag in flags:
+        if not flag:
+            break
+        n += 1
+    return n
+
+
+def pop_entry(table: MutableMapping[bytes, bytes], key: bytes, overhead: int = 0) -> int:
+    """Remove `key` from an in-memory table of values; the bytes it took (key,
+    value and `overhead`), or 0 when it was not there."""
+    value = table.pop(key, None)
+    return 0 if value is None else len(key) + len(value) + overhead

@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from hybridkv.store.base import KVStore, StoreError, StoreStats
+from hybridkv.store.base import KVStore, StoreError, StoreStats, leading_count, pop_entry
 
 DEFAULT_OBJECT_BYTES = 4 << 20
 SUFFIX = ".hkvo"
@@ -241,27 +241,25 @@ class FileStore(KVStore):
             except OSError:
                 pass
 
+    def _holds(self, key: bytes) -> bool:
+        return key in self._index or key in self._open or key in self._sealed
+
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         with self._lock:
-            return [k in self._index or k in self._open or k in self._sealed for k in keys]
+            return [self._holds(k) for k in keys]
 
     def prefix_length(self, keys: Sequence[bytes]) -> int:
-        n = 0
         with self._lock:
-            for key in keys:
-                if key not in self._index and key not in self._open and key not in self._sealed:
-                    break
-                n += 1
-        return n
+            return leading_count(map(self._holds, keys))
 
     def delete(self, keys: Sequence[bytes]) -> int:
         """Forget keys (a key in a kept object may be seen again by a later process)."""
         removed = 0
         with self._lock:
             for key in keys:
-                value = self._open.pop(key, None)
-                if value is not None:
-                    self._open_bytes -= len(key) + len(value)
+                freed = pop_entry(self._open, key)
+                if freed:
+                    self._open_bytes -= freed
                     removed += 1
                     continue
                 entry = self._index.pop(key, None)

@@ -18,7 +18,10 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import numpy as np
+
 from hybridkv.store.base import KVStore, StoreError, StoreFull
+from hybridkv.store.payload import BlockLayout
 
 log = logging.getLogger("hybridkv.store")
 T = TypeVar("T")
@@ -49,12 +52,13 @@ class StoreGuard:
         """False while a failure's back-off delay runs."""
         return not self._down or self.clock() >= self._retry_at
 
-    def _call(self, fn: Callable[[], T], fallback: T, what: str) -> T:
+    def _call(self, fn: Callable[..., T], args: tuple, fallback: T, what: str) -> T:
+        """`fn(*args)`, or `fallback` when it fails or the store is resting."""
         if self._down and self.clock() < self._retry_at:
             self.skipped_calls += 1
             return fallback
         try:
-            result = fn()
+            result = fn(*args)
         except StoreFull as e:
             self._note_full(e)
             return fallback
@@ -96,19 +100,36 @@ class StoreGuard:
     # ---- the store's calls -----------------------------------------------------
 
     def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
-        return self._call(lambda: self.store.put(keys, values), 0, "put")
+        return self._call(self.store.put, (keys, values), 0, "put")
+
+    def put_blocks(self, layout: BlockLayout, key_prefix: bytes, hashes: Sequence[bytes],
+                   data: np.ndarray) -> int:
+        return self._call(self.store.put_blocks, (layout, key_prefix, hashes, data), 0, "put")
+
+    def put_pages(self, layout: BlockLayout, key_prefix: bytes, hashes: Sequence[bytes],
+                  ids: bytes, views: list[np.ndarray]) -> int:
+        return self._call(self.store.put_pages, (layout, key_prefix, hashes, ids, views), 0,
+                          "put")
 
     def get(self, keys: Sequence[bytes]) -> list[bytes]:
-        return self._call(lambda: self.store.get(keys), [], "get")
+        return self._call(self.store.get, (keys,), [], "get")
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
-        return self._call(lambda: self.store.contains(keys), [False] * len(keys), "contains")
+        return self._call(self.store.contains, (keys,), [False] * len(keys), "contains")
 
     def prefix_length(self, keys: Sequence[bytes]) -> int:
-        return self._call(lambda: self.store.prefix_length(keys), 0, "prefix_length")
+        return self._call(self.store.prefix_length, (keys,), 0, "prefix_length")
+
+    def prefix_length_blocks(self, key_prefix: bytes, hashes: Sequence[bytes]) -> int:
+        return self._call(self.store.prefix_length_blocks, (key_prefix, hashes), 0,
+                          "prefix_length")
+
+    def contains_blocks(self, key_prefix: bytes, hashes: Sequence[bytes]) -> list[bool]:
+        return self._call(self.store.contains_blocks, (key_prefix, hashes),
+                          [False] * len(hashes), "contains")
 
     def delete(self, keys: Sequence[bytes]) -> int:
-        return self._call(lambda: self.store.delete(keys), 0, "delete")
+        return self._call(self.store.delete, (keys,), 0, "delete")
 
     def flush(self) -> None:
-        self._call(self.store.flush, None, "flush")
+        self._call(self.store.flush, (), None, "flush")

@@ -48,12 +48,13 @@ class KeySpace:
             raise ValueError(f"fingerprint must be {FINGERPRINT_BYTES} bytes, "
                              f"got {len(fingerprint)}")
         self.fingerprint = fingerprint
-        self._prefixes = [KEY_PREFIX + fingerprint + struct.pack(">H", g)
+        # per group: what every key starts with
+        self.prefixes = [KEY_PREFIX + fingerprint + struct.pack(">H", g)
                           for g in range(num_groups)]
 
     def key(self, group_id: int, block_hash: bytes) -> bytes:
-        return self._prefixes[group_id] + block_hash
+        return self.prefixes[group_id] + block_hash
 
     def keys(self, group_id: int, block_hashes: Sequence[bytes]) -> list[bytes]:
-        prefix = self._prefixes[group_id]
+        prefix = self.prefixes[group_id]
         return [prefix + h for h in block_hashes]

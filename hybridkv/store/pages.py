@@ -27,6 +27,7 @@ from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.specs import AttentionSpec, MambaSpec
 
 Buffer = bytes | bytearray | memoryview
+BlockIds = Sequence[int] | np.ndarray  # (an int64 array from the eviction recorder)
 
 _WORDS = {8: (torch.int64, np.dtype(np.int64)), 4: (torch.int32, np.dtype(np.int32)),
           2: (torch.int16, np.dtype(np.int16)), 1: (torch.uint8, np.dtype(np.uint8))}
@@ -38,12 +39,17 @@ class PageIO(Protocol):
     def layout(self, group_id: int) -> tuple[int, int, str]:
         """(num_layers, layer_bytes, dtype name) of one block of the group."""
 
-    def gather(self, group_id: int, block_ids: Sequence[int]) -> np.ndarray:
+    def gather(self, group_id: int, block_ids: BlockIds) -> np.ndarray:
         """A copy of these blocks, uint8 `[num_layers, n, layer_bytes]`."""
 
     def scatter(self, group_id: int, block_ids: Sequence[int], blocks: Sequence[Buffer]) -> None:
         """Write each block's data, as stored (its page in each layer, one after
         another: `num_layers * layer_bytes` bytes), into these blocks."""
+
+    def host_views(self, group_id: int) -> list[np.ndarray] | None:
+        """Per layer of the group, a 2-D host array over the pages themselves (a
+        row per block id, the data first), or None when the pages are not in
+        host memory: a store without I/O may encode blocks straight from them."""
 
 
 def group_layout(config: KVCacheConfig, group_id: int) -> tuple[int, int, str]:
@@ -87,10 +93,11 @@ class TorchPages:
     def layout(self, group_id: int) -> tuple[int, int, str]:
         return self._layouts[group_id]
 
-    def gather(self, group_id: int, block_ids: Sequence[int]) -> np.ndarray:
+    def gather(self, group_id: int, block_ids: BlockIds) -> np.ndarray:
         num_layers, used, _ = self._layouts[group_id]
         word = self._words[group_id][0]
-        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        index = torch.as_tensor(np.array(block_ids, dtype=np.int64),
+                                device=self.device)
         out = torch.empty((num_layers, len(block_ids), used // word.itemsize), dtype=word)
         for layer, pages in enumerate(self._pages[group_id]):
             if self.device.type == "cpu":
@@ -98,6 +105,9 @@ class TorchPages:
             else:  # pragma: no cover - no GPU in the tests
                 out[layer].copy_(pages.index_select(0, index))
         return out.numpy().view(np.uint8)
+
+    def host_views(self, group_id: int) -> list[np.ndarray] | None:
+        return self._host_pages[group_id] if self._host_pages else None
 
     def scatter(self, group_id: int, block_ids: Sequence[int], blocks: Sequence[Buffer]) -> None:
         num_layers, word = len(self._pages[group_id]), self._words[group_id][1]
@@ -131,8 +141,11 @@ class SimulatedPages:
     def layout(self, group_id: int) -> tuple[int, int, str]:
         return 1, self.layer_bytes, "uint8"
 
-    def gather(self, group_id: int, block_ids: Sequence[int]) -> np.ndarray:
-        return self.data[group_id, list(block_ids)][None]
+    def gather(self, group_id: int, block_ids: BlockIds) -> np.ndarray:
+        return self.data[group_id].take(block_ids, axis=0)[None]
+
+    def host_views(self, group_id: int) -> list[np.ndarray] | None:
+        return [self.data[group_id]]
 
     def scatter(self, group_id: int, block_ids: Sequence[int], blocks: Sequence[Buffer]) -> None:
         for block_id, data in zip(block_ids, blocks):

@@ -55,10 +55,10 @@ class BlockLayout:
         return self.num_layers * self.layer_bytes
 
     def header(self, checksum: int) -> bytes:
-        return self._header_start + checksum.to_bytes(8, "little")
+        return self.header_start + checksum.to_bytes(8, "little")
 
     @cached_property
-    def _header_start(self) -> bytes:
+    def header_start(self) -> bytes:
         """The header up to its checksum: the same for every block of the layout."""
         return _HEADER.pack(MAGIC, VERSION, self.group_id, self.fingerprint,
                             self.dtype.encode(), self.num_layers, self.layer_bytes, 0)[:-8]

@@ -16,6 +16,7 @@ is left out: no hit can use it without the blocks after it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from hybridkv.kv_cache.block_pool import Block
 from hybridkv.kv_cache.eviction import LOW_VALUE
@@ -27,6 +28,7 @@ from hybridkv.kv_cache.specs import (
     MambaSpec,
     SlidingWindowSpec,
 )
+from hybridkv.store.codec import native
 
 SELECTIONS = ("hybrid", "all")
 TAIL_TOKENS = 256
@@ -39,16 +41,27 @@ class RecentSet:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(2, capacity)
-        self._new: set[bytes] = set()
-        self._old: set[bytes] = set()
+        # the two generations, the newer at `_new`; the set objects stay the same
+        # (`sets` may be handed out once and read for the set's life)
+        self.sets: tuple[set[bytes], set[bytes]] = (set(), set())
+        self._new = 0
 
     def update(self, items: Sequence[bytes]) -> None:
-        self._new.update(items)
-        if len(self._new) > self.capacity // 2:
-            self._old, self._new = self._new, set()
+        new = self.sets[self._new]
+        new.update(items)
+        if len(new) > self.capacity // 2:
+            self._new = 1 - self._new
+            self.sets[self._new].clear()
 
     def __contains__(self, item: object) -> bool:
-        return item in self._new or item in self._old
+        return item in self.sets[0] or item in self.sets[1]
+
+
+def new_tail_set(capacity: int) -> Any:
+    """A RecentSet of block hashes: `_codec.TailSet` (64-bit fingerprints in C, a
+    few MB however many hashes) or, without the C module, `RecentSet`."""
+    tail_set = native("TailSet")
+    return tail_set(capacity) if tail_set is not None else RecentSet(capacity)
 
 
 class Selection:
@@ -61,27 +74,34 @@ class Selection:
         self.select = select
         # per group: whether every block is stored, and the tail blocks of recent prompts
         self.always = [select == "all" or m.downward_closed for m in managers]
-        self.tails = [RecentSet(MAX_TAIL_HASHES) for _ in managers]
-        self._noted = [g for g, m in enumerate(managers)
-                       if not self.always[g] and isinstance(m.spec, MambaSpec)]
+        # (group, manager, blocks before a prompt's end to remember) of the groups whose
+        # own ratings do not keep a prompt's tail, and their memory of recent tails
+        self._noted = [(g, m, TAIL_TOKENS // m.block_size + _reach_blocks(m.spec))
+                       for g, m in enumerate(managers)
+                       if select == "hybrid" and not self.always[g]
+                       and isinstance(m.spec, MambaSpec)]
+        noted = {g for g, _, _ in self._noted}
+        self.tails: list[Any] = [new_tail_set(MAX_TAIL_HASHES) if g in noted else None
+                                 for g in range(len(managers))]
 
     def worth_storing(self, block: Block) -> bool:
         g = block.group_id
+        tails = self.tails[g]
         return self.always[g] or block.value_hint != LOW_VALUE \
-            or block.block_hash in self.tails[g]
+            or (tails is not None and block.block_hash in tails)
+
+    def tails_for_recorder(self) -> list[Any]:
+        """Per group, what the eviction recorder checks a block's hash against."""
+        return [t.sets if isinstance(t, RecentSet) else t for t in self.tails]
 
     def note_prompt(self, request: Request, hashes: Sequence[bytes]) -> None:
         """Remember the blocks a hit stopping in the last TAIL_TOKENS of this
         prompt needs, in the groups whose own ratings do not keep them (Mamba
         rates states between its anchors low; a sliding-window group already
         keeps the windows of its prompt's tail, a chunked group rates nothing)."""
-        if self.select != "hybrid":
-            return
-        for g in self._noted:
-            m = self.managers[g]
+        for g, m, tail in self._noted:
             end = request.num_prompt_tokens // m.block_size
-            start = max(0, end - TAIL_TOKENS // m.block_size - _reach_blocks(m.spec))
-            self.tails[g].update(m.group_hashes(hashes, end)[start:end])
+            self.tails[g].update(m.group_hashes(hashes, end)[max(0, end - tail):])
 
 
 def _reach_blocks(spec: KVCacheSpec) -> int:

@@ -18,6 +18,8 @@ class GroupTierStats:
     written_blocks: int = 0  # blocks the store took
     written_bytes: int = 0
     rejected_blocks: int = 0  # damaged or mismatched payloads (recomputed)
+    load_seconds: float = 0.0  # reading, checking and copying in this group's blocks
+    store_seconds: float = 0.0  # encoding and writing them
 
 
 @dataclass
@@ -29,7 +31,8 @@ class KVStoreStats:
     `num_external_cached_tokens`. `load_seconds` is time spent on the
     engine's thread reading and copying blocks in (`load_cpu_seconds` its CPU
     time, which other processes on the machine do not inflate); `store_seconds` the
-    background writer's time encoding and putting them. `errors`: failed
+    time encoding and putting them (the background writer's, or the engine's for
+    the few blocks a cpu store takes inline). `errors`: failed
     store calls; `skipped_calls`: calls not tried while the store was
     unavailable; `dropped_blocks`: evicted blocks not written (writer
     backlog full, store full or down).
@@ -38,6 +41,7 @@ class KVStoreStats:
     url: str
     available: bool = True
     lookups: int = 0  # admissions that asked the store
+    queried_tokens: int = 0  # the tokens of those requests
     hit_requests: int = 0
     hit_tokens: int = 0
     loaded_blocks: int = 0

@@ -26,6 +26,8 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from hybridkv.kv_cache.block_pool import Block
 from hybridkv.kv_cache.events import BlockEvent, BlockStored
 from hybridkv.kv_cache.eviction import LOW_VALUE
@@ -34,13 +36,18 @@ from hybridkv.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from hybridkv.kv_cache.managers.base import Lookup
 from hybridkv.kv_cache.request import Request
 from hybridkv.store.base import KVStore, StoreStats
+from hybridkv.store.codec import eviction_recorder
 from hybridkv.store.guard import StoreGuard
 from hybridkv.store.keys import KeySpace
-from hybridkv.store.pages import PageIO
+from hybridkv.store.pages import Buffer, PageIO
 from hybridkv.store.payload import BlockLayout, PayloadError, decode_block
 from hybridkv.store.selection import Selection
 from hybridkv.store.stats import GroupTierStats, KVStoreStats
-from hybridkv.store.writer import DEFAULT_MAX_PENDING_BYTES, BackgroundWriter
+from hybridkv.store.writer import (
+    DEFAULT_INLINE_BYTES,
+    DEFAULT_MAX_PENDING_BYTES,
+    BackgroundWriter,
+)
 
 
 class TierHit(NamedTuple):
@@ -60,7 +67,8 @@ class KVTier:
 
     def __init__(self, kv: KVCacheManager, store: KVStore, pages: PageIO, fingerprint: bytes,
                  *, write_through: bool = False, select: str = "hybrid",
-                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 inline_write_bytes: int = DEFAULT_INLINE_BYTES) -> None:
         self.kv = kv
         self.managers = kv.coordinator.managers
         self.store = store
@@ -74,18 +82,23 @@ class KVTier:
         self._stats = KVStoreStats(url=store.describe(),
                                    groups=[GroupTierStats() for _ in self.managers])
         self._lock = threading.Lock()  # stats written by the writer thread
-        self.writer = BackgroundWriter(self.guard, self.layouts, self._on_written,
-                                       max_pending_bytes=max_pending_bytes)
-        # (group, hash, block id) of blocks evicted since `before_step` / cached since
-        # `after_step` (write-through)
-        self._evicted_hashes: list[list[bytes]] = [[] for _ in self.managers]
-        self._evicted_ids: list[list[int]] = [[] for _ in self.managers]
-        self._num_evicted = 0
+        self.writer = BackgroundWriter(self.guard, self.layouts, self.keys.prefixes,
+                                       self._on_written, max_pending_bytes=max_pending_bytes,
+                                       inline_bytes=inline_write_bytes)
+        # (group, hash, block id) of blocks cached since `after_step` (write-through)
         self._computed: list[tuple[int, bytes, int]] = []
         self._importing = False
-        kv.on_evict(self._on_evict)
-        if self.write_through:
+        self._host_views = [getattr(pages, "host_views", lambda g: None)(g)
+                            for g in range(len(self.managers))]
+        self._max_block_bytes = max(layout.data_bytes for layout in self.layouts)
+        # write-behind: the pool's eviction hook notes the evicted blocks worth storing
+        # (`Selection.worth_storing`) until `before_step` copies them out
+        self.recorder = None if self.write_through else eviction_recorder(
+            self.selection.always, int(LOW_VALUE), self.selection.tails_for_recorder())
+        if self.recorder is None:
             kv.subscribe(self._on_event)
+        else:
+            kv.on_evict(self.recorder, skips_empty=True)
 
     # ---- in: hits through the store ----------------------------------------------
 
@@ -109,6 +122,7 @@ class KVTier:
         if num_tokens >= limit:
             return pool_hit
         self._stats.lookups += 1
+        self._stats.queried_tokens += request.num_tokens
         lookups = self._lookups(hashes, limit, num_tokens)
         if lookups is None:
             return pool_hit
@@ -117,6 +131,8 @@ class KVTier:
             return pool_hit
         num_new = min(request.num_tokens - reach, budget)
         if kv.num_blocks_to_admit(request, hit, reach, num_new) > kv.num_free_blocks:
+            if can_wait and not num_tokens:  # (the store will serve it: not a miss)
+                kv.note_reuse_elsewhere(request)
             return pool_hit._replace(must_wait=can_wait)
         if not self._import(hit, hashes):  # nothing arrived (gone, damaged, store down)
             return pool_hit
@@ -124,6 +140,8 @@ class KVTier:
         if new_tokens <= num_tokens:
             return pool_hit
         kv.note_junction(request, matched)  # where the prompt now diverges from the cache
+        if not num_tokens:  # the pool's lookup counted a miss the store made good
+            kv.note_reuse_elsewhere(request)
         gained = new_tokens - num_tokens
         self._stats.hit_requests += 1
         self._stats.hit_tokens += gained
@@ -161,7 +179,7 @@ class KVTier:
             asked += [(g, h) for h in m.group_hashes(hashes, upper // m.block_size)
                       if h not in table]
         if asked:
-            present = self._held([self.keys.key(g, h) for g, h in asked])
+            present = self._held(asked)
             for (g, h), ok in zip(asked, present):
                 if ok:
                     found[g].add(h)
@@ -184,28 +202,31 @@ class KVTier:
         """How many leading blocks of a full-attention group the pool, the writer's
         backlog or the store hold, from `start` on; adds the ones only the latter
         two hold to `found`. One store query per run of blocks the store holds."""
-        table = self.kv.pool.cached[group_id]
-        keys = self.keys.keys(group_id, hashes[start:])
+        table, pending = self.kv.pool.cached[group_id], self.writer.pending(group_id)
         n = start
         while n < len(hashes):
-            if hashes[n] in table:
+            block_hash = hashes[n]
+            if block_hash in table:
                 n += 1
-            elif self.writer.has(keys[n - start]):
-                found.add(hashes[n])
+            elif block_hash in pending:
+                found.add(block_hash)
                 n += 1
             else:
-                stored = self.guard.prefix_length(keys[n - start:])
+                stored = self.guard.prefix_length_blocks(self.keys.prefixes[group_id],
+                                                         hashes[n:])
                 if not stored:
                     break
                 found.update(hashes[n:n + stored])
                 n += stored
         return n
 
-    def _held(self, keys: Sequence[bytes]) -> list[bool]:
-        out = [self.writer.has(k) for k in keys]
+    def _held(self, blocks: Sequence[tuple[int, bytes]]) -> list[bool]:
+        """Whether the writer's backlog or the store holds each (group, hash)."""
+        out = [self.writer.has(g, h) for g, h in blocks]
         ask = [i for i, held in enumerate(out) if not held]
         if ask:
-            for i, present in zip(ask, self.guard.contains([keys[i] for i in ask])):
+            keys = [self.keys.key(*blocks[i]) for i in ask]
+            for i, present in zip(ask, self.guard.contains(keys)):
                 out[i] = present
         return out
 
@@ -221,46 +242,62 @@ class KVTier:
         imp = self.kv.begin_import(hit, wanted)
         if imp is None:  # (not after the caller's check: holding frees nothing)
             return False
-        self.before_step()  # blocks the import took may hold evicted data: copy it out first
-        t0, c0 = time.perf_counter(), time.thread_time()
         self._importing = True
         try:
-            loaded = self._load(imp.slots)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            fetched = self._fetch(imp.slots)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            # the blocks the import took may hold evicted data: copy it out before
+            # loading into them (after the reads: storing it may push the wanted
+            # blocks out of a small store)
+            self.before_step()
+            t2, c2 = time.perf_counter(), time.thread_time()
+            loaded = self._scatter(imp.slots, fetched)
             self.kv.end_import(imp, loaded)
         finally:
             self._importing = False
-        self._stats.load_seconds += time.perf_counter() - t0
-        self._stats.load_cpu_seconds += time.thread_time() - c0
+        self._stats.load_seconds += t1 - t0 + time.perf_counter() - t2
+        self._stats.load_cpu_seconds += c1 - c0 + time.thread_time() - c2
         return any(loaded)
 
-    def _load(self, slots: Sequence[ImportSlot]) -> list[bool]:
-        """Read, check and copy in each slot's block; which ones arrived."""
-        loaded = [False] * len(slots)
+    def _fetch(self, slots: Sequence[ImportSlot]) -> dict[int, tuple[list[int], list[Buffer]]]:
+        """Per group, the slots whose block arrived (read and checked) and its data."""
         by_group: dict[int, list[int]] = {}
         for j, slot in enumerate(slots):
             by_group.setdefault(slot.group_id, []).append(j)
+        out: dict[int, tuple[list[int], list[Buffer]]] = {}
         for g, js in by_group.items():
-            keys = [self.keys.key(g, slots[j].block_hash) for j in js]
-            data = self._read(g, keys)
-            ok = [i for i, d in enumerate(data) if d is not None]
-            if not ok:
-                continue
-            self.pages.scatter(g, [slots[js[i]].block.block_id for i in ok],
-                               [data[i] for i in ok])  # type: ignore[misc]
-            for i in ok:
-                loaded[js[i]] = True
+            t0 = time.perf_counter()
+            data = self._read(g, [slots[j].block_hash for j in js])
+            self._stats.groups[g].load_seconds += time.perf_counter() - t0
+            got = [(j, d) for j, d in zip(js, data) if d is not None]
+            if got:
+                out[g] = ([j for j, _ in got], [d for _, d in got])
+        return out
+
+    def _scatter(self, slots: Sequence[ImportSlot],
+                 fetched: dict[int, tuple[list[int], list[Buffer]]]) -> list[bool]:
+        """Copy the fetched blocks into their slots' pool blocks; which slots got one."""
+        loaded = [False] * len(slots)
+        for g, (js, data) in fetched.items():
+            t0 = time.perf_counter()
+            self.pages.scatter(g, [slots[j].block.block_id for j in js], data)
+            self._stats.groups[g].load_seconds += time.perf_counter() - t0
+            for j in js:
+                loaded[j] = True
             stats = self._stats.groups[g]
-            stats.loaded_blocks += len(ok)
-            stats.loaded_tokens += len(ok) * self.managers[g].block_size
-            stats.read_bytes += len(ok) * self.layouts[g].data_bytes
+            stats.loaded_blocks += len(js)
+            stats.loaded_tokens += len(js) * self.managers[g].block_size
+            stats.read_bytes += len(js) * self.layouts[g].data_bytes
         return loaded
 
-    def _read(self, group_id: int, keys: list[bytes]) -> list[bytes | memoryview | None]:
-        """Checked block data per key (None: not available or rejected)."""
-        data: list[bytes | memoryview | None] = [self.writer.read(k) for k in keys]
+    def _read(self, group_id: int, hashes: list[bytes]) -> list[bytes | memoryview | None]:
+        """Checked block data per hash (None: not available or rejected)."""
+        data: list[bytes | memoryview | None] = [self.writer.read(group_id, h) for h in hashes]
         ask = [i for i, d in enumerate(data) if d is None]
         if not ask:
             return data
+        keys = self.keys.keys(group_id, hashes)
         values = self.guard.get([keys[i] for i in ask])
         layout = self.layouts[group_id]
         for i, value in zip(ask, values):
@@ -278,34 +315,27 @@ class KVTier:
 
     # ---- out: evicted (or computed) blocks to the store -------------------------------
 
-    def _on_evict(self, blocks: list[Block]) -> None:
-        """The pool takes these cached blocks for new data: note the ones worth
-        storing; `before_step` copies them out before anything overwrites them."""
-        if self.write_through:
-            return  # written when computed
-        hashes, ids = self._evicted_hashes, self._evicted_ids
-        always, tails, low = self.selection.always, self.selection.tails, LOW_VALUE
-        for block in blocks:  # `Selection.worth_storing`, inlined: a call per block counts
-            g = block.group_id
-            if always[g] or block.value_hint != low or block.block_hash in tails[g]:
-                hashes[g].append(block.block_hash)
-                ids[g].append(block.block_id)
-        self._num_evicted += len(blocks)
-
     def before_step(self) -> None:
         """Copy out the blocks evicted since the last call and hand them to the
         writer. The engine calls this after scheduling, before the model step
         writes into the blocks the pool handed out (and the tier before it loads
         blocks into new ones): one copy per group per step."""
-        if not self._num_evicted:
+        recorder = self.recorder
+        if recorder is None or not recorder.num_recorded:
             return
-        self._num_evicted = 0
-        for g, (hashes, ids) in enumerate(zip(self._evicted_hashes, self._evicted_ids)):
-            if hashes:
-                hashes.reverse()  # the chains' heads first: a request's tail is evicted first
-                ids.reverse()
-                self.writer.submit(g, self.keys.keys(g, hashes), self.pages.gather(g, ids))
-                self._evicted_hashes[g], self._evicted_ids[g] = [], []
+        # a few blocks go to a store without I/O straight from the pages
+        inline = self.writer.inline_ok(recorder.num_recorded * self._max_block_bytes)
+        batches = []
+        for g, views in enumerate(self._host_views):
+            hashes, ids = recorder.take(g)  # the chains' heads first
+            if not hashes:
+                continue
+            if inline and views is not None:
+                self.writer.write_pages(g, hashes, ids, views)
+            else:
+                batches.append((g, hashes, self.pages.gather(g, np.frombuffer(ids, np.int64))))
+        if batches:
+            self.writer.submit_many(batches)
 
     def after_step(self) -> None:
         """Write-through: store the blocks cached since the last step (the step
@@ -321,8 +351,8 @@ class KVTier:
             hashes, ids = by_group.setdefault(g, ([], []))
             hashes.append(block_hash)
             ids.append(block_id)
-        for g, (hashes, ids) in by_group.items():
-            self.writer.submit(g, self.keys.keys(g, hashes), self.pages.gather(g, ids))
+        self.writer.submit_many([(g, hashes, self.pages.gather(g, ids))
+                                 for g, (hashes, ids) in by_group.items()])
 
     def _on_event(self, event: BlockEvent) -> None:
         if type(event) is BlockStored and not self._importing:
@@ -331,8 +361,10 @@ class KVTier:
     def _on_written(self, group_id: int, num_blocks: int, num_bytes: int,
                     seconds: float) -> None:
         with self._lock:
-            self._stats.groups[group_id].written_blocks += num_blocks
-            self._stats.groups[group_id].written_bytes += num_bytes
+            group = self._stats.groups[group_id]
+            group.written_blocks += num_blocks
+            group.written_bytes += num_bytes
+            group.store_seconds += seconds
             self._stats.store_seconds += seconds
 
     # ---- admin -------------------------------------------------------------------------

@@ -1,13 +1,22 @@
 """Write-behind: evicted blocks go to the store from a background thread.
 
 The engine hands over blocks already copied out of the device pages
-(`submit`); a daemon thread encodes them (header + checksum) and puts them,
-several batches per store call, off the step's critical path. Until a
-block is written it stays readable from memory (`read`), so a block
-evicted and asked for again right away is still a store hit.
+(`submit`, a batch per group: the blocks' hashes and one array of their
+data); a daemon thread encodes them (header + checksum) and puts them, the
+batches of a group merged into one store call (`KVStore.put_blocks`), off
+the step's critical path. Until a block is written it stays readable from
+memory (`read`), so a block evicted and asked for again right away is
+still a store hit.
 
 Memory is bounded: past `max_pending_bytes` of unwritten data new batches
-are dropped (counted), not queued.
+are dropped, not queued: counted (`dropped_blocks`, in the tier's stats)
+and warned about once.
+
+A store that does no I/O (`KVStore.inline_writes`: the cpu store) gets the
+blocks of a step straight from the caller when they come to at most
+`inline_bytes` and nothing is queued: encoding and storing a few KiB costs
+less than handing them to the thread (a lock, a wake-up, the thread taking
+the GIL from the engine's). Larger steps go through the thread.
 """
 
 from __future__ import annotations
@@ -15,68 +24,79 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from itertools import repeat
 
 import numpy as np
 
 from hybridkv.store.guard import StoreGuard
-from hybridkv.store.payload import BlockLayout, encode_block
+from hybridkv.store.payload import HEADER_BYTES, BlockLayout
 
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
-# blocks per store call at most (several submitted batches are merged up to this)
-MAX_BLOCKS_PER_PUT = 256
+# a step's evicted blocks up to this many bytes are written inline (when the store allows)
+DEFAULT_INLINE_BYTES = 64 << 10
+# one store call takes at most this many blocks and bytes (queued batches of a group
+# are merged up to that)
+MAX_BLOCKS_PER_PUT = 1024
+MAX_BYTES_PER_PUT = 16 << 20
 # the thread is woken once this many blocks or bytes wait (or on flush), else it looks
 # every WAKE_SECONDS: waking it for every small batch costs more than the batch
-WAKE_BLOCKS = 64
+WAKE_BLOCKS = 256
 WAKE_BYTES = 4 << 20
 WAKE_SECONDS = 0.05
+IDLE_LOOKS = 20
 
 
 class _Batch:
-    """Blocks of one group: `data[:, i]` is the block under `keys[i]`."""
+    """Blocks of one group: `data[:, i]` is the block of hash `hashes[i]`."""
 
-    __slots__ = ("group_id", "keys", "data", "nbytes")
+    __slots__ = ("group_id", "hashes", "data", "nbytes", "shared")
 
-    def __init__(self, group_id: int, keys: list[bytes], data: np.ndarray) -> None:
+    def __init__(self, group_id: int, hashes: list[bytes], data: np.ndarray) -> None:
         self.group_id = group_id
-        self.keys = keys
+        self.hashes = hashes
         self.data = data  # uint8 [num_layers, n, layer_bytes]
         self.nbytes = data.nbytes
+        self.shared = False  # a later batch queued some hash again while this one waited
 
-    def block(self, i: int) -> bytes:
+    def block(self, block_hash: bytes) -> bytes:
+        i = self.hashes.index(block_hash)
         data = self.data
         return data[0, i].tobytes() if data.shape[0] == 1 else data[:, i].tobytes()
-
-    def blocks(self) -> list[memoryview]:
-        """Every block's data, block after block (one copy of the batch)."""
-        data = np.ascontiguousarray(self.data.transpose(1, 0, 2))  # [n, num_layers, bytes]
-        view = memoryview(data).cast("B")
-        size = data[0].nbytes if len(data) else 0
-        return [view[i * size:(i + 1) * size] for i in range(len(data))]
 
 
 class BackgroundWriter:
     """A queue of blocks to put and the thread that puts them.
 
-    `on_written(group_id, num_blocks, num_bytes, seconds)` is called from
-    the thread after each store call that stored something.
+    Group g's block of hash h is stored under `key_prefixes[g] + h`, as
+    `layouts[g]` says. `on_written(group_id, num_blocks, num_bytes, seconds)`
+    is called from the thread after each store call that stored something.
     """
 
     def __init__(self, guard: StoreGuard, layouts: Sequence[BlockLayout],
+                 key_prefixes: Sequence[bytes],
                  on_written: Callable[[int, int, int, float], None], *,
-                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 inline_bytes: int = DEFAULT_INLINE_BYTES) -> None:
+        if len(key_prefixes) != len(layouts):
+            raise ValueError(f"{len(key_prefixes)} key prefixes for {len(layouts)} groups")
         self.guard = guard
         self.layouts = list(layouts)
+        self.key_prefixes = list(key_prefixes)
         self.on_written = on_written
         self.max_pending_bytes = max_pending_bytes
+        self.inline_bytes = inline_bytes if guard.store.inline_writes else 0
+        self.inline_blocks = 0  # blocks written by the caller's thread (see above)
         self.dropped_blocks = 0
         self.cpu_seconds = 0.0  # the thread's CPU time writing
         self._queue: deque[_Batch] = deque()
         self._queued_blocks = 0
-        self._pending: dict[bytes, tuple[_Batch, int]] = {}
+        # per group: hash -> the latest batch holding it
+        self._pending: list[dict[bytes, _Batch]] = [{} for _ in self.layouts]
         self._pending_bytes = 0
         self._busy = False
+        self._asleep = True  # waiting for a submit to wake it (see _run)
+        self._writing: list[_Batch] = []  # the batches the thread is writing
         self._flushing = False
         self._first_queued = 0.0  # when the oldest queued batch arrived
         self._closed = False
@@ -87,35 +107,84 @@ class BackgroundWriter:
 
     # ---- the engine's side -----------------------------------------------------
 
-    def submit(self, group_id: int, keys: list[bytes], data: np.ndarray) -> bool:
-        """Queue blocks for writing; False (dropped) when too much is pending."""
-        batch = _Batch(group_id, keys, data)
+    def submit(self, group_id: int, hashes: list[bytes], data: np.ndarray) -> bool:
+        """Queue blocks of a group for writing (`data[:, i]`: the block of
+        `hashes[i]`); False (dropped) when too much is pending."""
+        return self.submit_many([(group_id, hashes, data)]) == 1
+
+    def inline_ok(self, num_bytes: int) -> bool:
+        """Whether blocks of `num_bytes` may be written by the caller now (the
+        store allows it, they are few, nothing is queued before them). Only the
+        engine's thread submits, so nothing gets queued between this and the write."""
+        return 0 < num_bytes <= self.inline_bytes \
+            and not (self._queue or self._busy or self._closed)
+
+    def write_pages(self, group_id: int, hashes: list[bytes], ids: bytes,
+                    views: list[np.ndarray]) -> None:
+        """Write blocks inline, encoded straight from the pages (`KVStore.put_pages`;
+        after `inline_ok`)."""
+        t0 = time.perf_counter()
+        layout = self.layouts[group_id]
+        stored = self.guard.put_pages(layout, self.key_prefixes[group_id], hashes, ids, views)
+        self.inline_blocks += len(hashes)
+        if stored:
+            self.on_written(group_id, stored, stored * (HEADER_BYTES + layout.data_bytes),
+                            time.perf_counter() - t0)
+
+    def submit_many(self, batches: Sequence[tuple[int, list[bytes], np.ndarray]]) -> int:
+        """`submit` several batches at once; how many were taken (written or queued)."""
+        if self.inline_ok(sum(b[2].nbytes for b in batches)):
+            for group_id, hashes, data in batches:
+                self._write_inline(group_id, hashes, data)
+            return len(batches)
+        queued = 0
         with self._cond:
-            if self._closed or self._pending_bytes + batch.nbytes > self.max_pending_bytes:
-                self.dropped_blocks += len(keys)
-                return False
-            self._pending.update(zip(keys, zip(repeat(batch), range(len(keys)))))
-            self._pending_bytes += batch.nbytes
-            if not self._queue:
-                self._first_queued = time.monotonic()
-            self._queue.append(batch)
-            self._queued_blocks += len(keys)
-            if len(self._queue) == 1 or self._queued_blocks >= WAKE_BLOCKS \
-                    or self._pending_bytes >= WAKE_BYTES:
-                self._cond.notify()  # the first batch starts the thread's timed wait
+            for group_id, hashes, data in batches:
+                queued += self._queue_batch(_Batch(group_id, hashes, data))
+            if queued and (self._asleep or self._queued_blocks >= WAKE_BLOCKS
+                           or self._pending_bytes >= WAKE_BYTES):
+                self._cond.notify()
+        return queued
+
+    def _queue_batch(self, batch: _Batch) -> bool:
+        """Queue one batch, or drop it when too much is pending (lock held)."""
+        n = len(batch.hashes)
+        if self._closed or self._pending_bytes + batch.nbytes > self.max_pending_bytes:
+            self._drop(n)
+            return False
+        pending = self._pending[batch.group_id]
+        size = len(pending)
+        pending.update(zip(batch.hashes, repeat(batch)))
+        if len(pending) != size + n:  # (rare) hashes queued twice: see _forget
+            self._mark_shared(batch)
+        self._pending_bytes += batch.nbytes
+        if not self._queue:
+            self._first_queued = time.monotonic()
+        self._queue.append(batch)
+        self._queued_blocks += n
         return True
 
-    def has(self, key: bytes) -> bool:
-        """Whether the block under `key` waits to be written."""
-        return key in self._pending
+    def _drop(self, num_blocks: int) -> None:
+        self.dropped_blocks += num_blocks
+        if not self._closed:
+            self.guard.warn_once("dropped", f"kv store {self.guard.store.describe()}: the "
+                                            f"writer's backlog is full (max_pending_bytes="
+                                            f"{self.max_pending_bytes}); evicted blocks are "
+                                            f"dropped instead of stored (counted in "
+                                            f"dropped_blocks)")
 
-    def read(self, key: bytes) -> bytes | None:
+    def has(self, group_id: int, block_hash: bytes) -> bool:
+        """Whether the group's block of this hash waits to be written."""
+        return block_hash in self._pending[group_id]
+
+    def pending(self, group_id: int) -> Container[bytes]:
+        """The hashes of the group's blocks waiting to be written (a live view)."""
+        return self._pending[group_id].keys()
+
+    def read(self, group_id: int, block_hash: bytes) -> bytes | None:
         """The raw data of a block waiting to be written, or None."""
-        entry = self._pending.get(key)
-        if entry is None:
-            return None
-        batch, i = entry
-        return batch.block(i)
+        batch = self._pending[group_id].get(block_hash)
+        return None if batch is None else batch.block(block_hash)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted is written; False on timeout."""
@@ -146,17 +215,27 @@ class BackgroundWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
+                idle = 0
                 while not self._ready():
-                    # nothing queued: sleep until a submit; else until the oldest batch
-                    # has waited WAKE_SECONDS (a lone batch is written that late at most)
-                    left = None if not self._queue else \
-                        self._first_queued + WAKE_SECONDS - time.monotonic()
-                    if left is not None and left <= 0:
-                        break
-                    self._cond.wait(left)
+                    # a batch is written once WAKE_BLOCKS or WAKE_BYTES wait, or when the
+                    # oldest has waited WAKE_SECONDS; the thread looks every WAKE_SECONDS
+                    # (a submit wakes it only past those bounds: each wake-up costs the
+                    # engine's thread a switch of the GIL) and sleeps for good after
+                    # IDLE_LOOKS looks at an empty queue (then a submit wakes it)
+                    if self._queue:
+                        left = self._first_queued + WAKE_SECONDS - time.monotonic()
+                        if left <= 0:
+                            break
+                    else:
+                        idle += 1
+                        left = WAKE_SECONDS
+                    self._asleep = idle > IDLE_LOOKS
+                    self._cond.wait(None if self._asleep else left)
+                self._asleep = False
                 if self._closed and not self._queue:
                     return
                 batches = self._take()
+                self._writing = [b for bs in batches.values() for b in bs]
                 self._busy = True
             start = time.thread_time()
             try:
@@ -165,8 +244,9 @@ class BackgroundWriter:
             finally:
                 self.cpu_seconds += time.thread_time() - start
                 with self._cond:
-                    for batch in (b for bs in batches.values() for b in bs):
+                    for batch in self._writing:
                         self._forget(batch)
+                    self._writing = []
                     self._busy = False
                     self._cond.notify_all()
 
@@ -180,36 +260,61 @@ class BackgroundWriter:
             or self._pending_bytes >= WAKE_BYTES
 
     def _take(self) -> dict[int, list[_Batch]]:
-        """Queued batches up to MAX_BLOCKS_PER_PUT blocks, by group (lock held)."""
+        """Queued batches up to MAX_BLOCKS_PER_PUT blocks and MAX_BYTES_PER_PUT
+        bytes (at least one batch), by group (lock held)."""
         out: dict[int, list[_Batch]] = {}
-        num_blocks = 0
-        while self._queue and (num_blocks == 0 or num_blocks + len(self._queue[0].keys)
-                               <= MAX_BLOCKS_PER_PUT):
-            batch = self._queue.popleft()
+        num_blocks = num_bytes = 0
+        queue = self._queue
+        while queue and (num_blocks == 0 or (
+                num_blocks + len(queue[0].hashes) <= MAX_BLOCKS_PER_PUT
+                and num_bytes + queue[0].nbytes <= MAX_BYTES_PER_PUT)):
+            batch = queue.popleft()
             out.setdefault(batch.group_id, []).append(batch)
-            num_blocks += len(batch.keys)
+            num_blocks += len(batch.hashes)
+            num_bytes += batch.nbytes
         self._queued_blocks -= num_blocks
         self._first_queued = time.monotonic()  # the rest waits from now on
         return out
 
     def _write(self, group_id: int, batches: list[_Batch]) -> None:
+        """Put a group's batches in one call. A put makes its first keys the most
+        recent, so the batches go newest first: as if each were put in turn."""
+        if len(batches) == 1:
+            self._put(group_id, batches[0].hashes, batches[0].data)
+        else:
+            newest_first = batches[::-1]
+            self._put(group_id, [h for batch in newest_first for h in batch.hashes],
+                      np.concatenate([batch.data for batch in newest_first], axis=1))
+
+    def _write_inline(self, group_id: int, hashes: list[bytes], data: np.ndarray) -> None:
+        self._put(group_id, hashes, data)
+        self.inline_blocks += len(hashes)
+
+    def _put(self, group_id: int, hashes: list[bytes], data: np.ndarray) -> None:
         t0 = time.perf_counter()
         layout = self.layouts[group_id]
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        for batch in batches:
-            blocks = batch.blocks()
-            keys += batch.keys
-            values += [encode_block(layout, key, data) for key, data in zip(batch.keys, blocks)]
-        stored = self.guard.put(keys, values)
+        stored = self.guard.put_blocks(layout, self.key_prefixes[group_id], hashes, data)
         if stored:
-            self.on_written(group_id, stored, sum(map(len, values)), time.perf_counter() - t0)
+            self.on_written(group_id, stored, stored * (HEADER_BYTES + layout.data_bytes),
+                            time.perf_counter() - t0)
+
+    def _mark_shared(self, batch: _Batch) -> None:
+        """`batch` took over hashes of batches still pending: mark those, so that
+        forgetting them leaves the newer entries (lock held)."""
+        hashes = set(batch.hashes)
+        for older in (*self._queue, *self._writing):
+            if older.group_id == batch.group_id and not hashes.isdisjoint(older.hashes):
+                older.shared = True
+        batch.shared = True
 
     def _forget(self, batch: _Batch) -> None:
-        """Drop a written batch from the pending map (lock held); a key submitted
+        """Drop a written batch from the pending map (lock held); a hash queued
         again since then keeps its newer entry."""
-        for i, key in enumerate(batch.keys):
-            entry = self._pending.get(key)
-            if entry is not None and entry[0] is batch and entry[1] == i:
-                del self._pending[key]
+        pending = self._pending[batch.group_id]
+        if batch.shared:
+            for block_hash in batch.hashes:
+                if pending.get(block_hash) is batch:
+                    del pending[block_hash]
+        else:
+            deque(map(pending.pop, batch.hashes, repeat(None)), maxlen=0)
         self._pending_bytes -= batch.nbytes

@@ -34,6 +34,8 @@ SCRIPTS = {
     "serving": Script("bench_serving.py", "HTTP server: overhead, TTFT hit/suffix, load sweep"),
     "routing": Script("bench_routing.py", "router decision time, 64 instances, 1M blocks"),
     "cluster": Script("bench_cluster.py", "routing policies on simulated clusters (8-64)"),
+    "store_view": Script("bench_store_view.py",
+                         "router: shared KV store query and decision, 64 instances"),
     "store_ttft": Script("bench_store.py", "KV store: TTFT recompute vs load from cpu/file/redis"),
     "store_pressure": Script("bench_store_pressure.py",
                              "hit rate under pressure with a cpu tier of 1-4x the pool"),

@@ -1,12 +1,13 @@
-"""Token traces of the benchmarks: one function per workload shape, fixed seeds.
+"""Fixed-parameter traces of the benchmarks: one function per workload shape.
 
-Each generator returns a `Trace`: requests in arrival order, each a prompt
-and the decode tokens appended one per step (what a model would sample).
+Each generator returns a `hybridkv.tools.traces.Trace` whose parameters are
+the function's arguments (the seeded families of the policy grid, which draw
+their parameters from the seed, are `hybridkv.tools.pressure_workloads`).
 Tokens come from `TokenStream`, built on `random.Random.random()` (the one
 method whose sequence Python keeps stable across versions) seeded from a
 path of integers, so every part of a trace has its own stream: request i
 is the same whatever the number of requests, and a trace is the same on
-every machine (`Trace.fingerprint` checks it).
+every machine (`Trace.fingerprint()` checks it).
 
 - `shared_prefix_trace`: one (or a few) shared system prompts + a unique
   suffix + decode steps; the scheduler-path replay. Nothing is evicted with
@@ -19,8 +20,8 @@ every machine (`Trace.fingerprint` checks it).
   questions each, interleaved.
 
 The last three are built to be replayed under memory pressure (see
-`hybridkv.tools.pressure`); `reuse_stats` gives the working set a pool
-competes for and the hit-rate ceiling of an infinite pool.
+`hybridkv.tools.pressure`); `hybridkv.tools.traces.reuse_stats` gives the
+working set a pool competes for and the hit-rate ceiling of an infinite pool.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import hashlib
 import random
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+
+from hybridkv.tools.traces import Trace, TraceRequest
 
 VOCAB = 32000
 
@@ -61,42 +63,6 @@ class TokenStream:
         return next(i for i, c in enumerate(cumulative) if x < c)
 
 
-@dataclass(frozen=True)
-class TraceRequest:
-    """A prompt, the tokens decoded after it, and the request it must wait for, if any
-    (a chat turn is sent once the previous turn's answer is complete)."""
-
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    decode_token_ids: tuple[int, ...]
-    after: str | None = None
-
-
-@dataclass(frozen=True)
-class Trace:
-    name: str
-    params: dict
-    requests: tuple[TraceRequest, ...]
-    fingerprint: str = field(default="", compare=False)
-
-    @classmethod
-    def build(cls, name: str, params: dict, requests: list[TraceRequest]) -> Trace:
-        digest = hashlib.sha256()
-        for r in requests:
-            digest.update(r.request_id.encode() + b"\0" + (r.after or "").encode() + b"\0")
-            digest.update(struct.pack("<II", len(r.prompt_token_ids), len(r.decode_token_ids)))
-            digest.update(struct.pack(f"<{len(r.prompt_token_ids)}I", *r.prompt_token_ids))
-            digest.update(struct.pack(f"<{len(r.decode_token_ids)}I", *r.decode_token_ids))
-        return cls(name, params, tuple(requests), digest.hexdigest()[:16])
-
-    def summary(self) -> dict:
-        return {"name": self.name, "fingerprint": self.fingerprint,
-                "requests": len(self.requests),
-                "prompt_tokens": sum(len(r.prompt_token_ids) for r in self.requests),
-                "decode_tokens": sum(len(r.decode_token_ids) for r in self.requests),
-                **self.params}
-
-
 # stream ids: (seed, SHAPE, ...) keeps the shapes' streams apart
 _SHARED, _CHAT, _FEWSHOT, _DOCS = 1, 2, 3, 4
 
@@ -113,9 +79,9 @@ def shared_prefix_trace(num_requests: int = 2000, prefix_len: int = 1024, unique
         prompt = prefixes[i % num_prefixes] + stream.tokens(unique_len, vocab)
         requests.append(TraceRequest(f"req-{i}", tuple(prompt),
                                      tuple(stream.tokens(decode_steps, vocab))))
-    return Trace.build("shared_prefix", dict(prefix_len=prefix_len, unique_len=unique_len,
-                                             decode_steps=decode_steps,
-                                             num_prefixes=num_prefixes, seed=seed), requests)
+    params = dict(prefix_len=prefix_len, unique_len=unique_len, decode_steps=decode_steps,
+                  num_prefixes=num_prefixes)
+    return Trace("shared_prefix", seed, tuple(requests), params=params)
 
 
 def multi_turn_round_robin(num_sessions: int = 32, num_turns: int = 7, system_len: int = 384,
@@ -146,8 +112,9 @@ def multi_turn_round_robin(num_sessions: int = 32, num_turns: int = 7, system_le
             history = prompt + output
     params = dict(num_sessions=num_sessions, num_turns=num_turns, system_len=system_len,
                   first_message=list(first_message), message=list(message),
-                  decode=list(decode), seed=seed)
-    return Trace.build("multi_turn_round_robin", params, [r for turn in turns for r in turn])
+                  decode=list(decode))
+    return Trace("multi_turn_round_robin", seed, tuple(r for turn in turns for r in turn),
+                 params=params)
 
 
 # (family prefix length, variant lengths): below a 296-token system prompt, headers of
@@ -191,8 +158,8 @@ def branching_fewshot(num_requests: int = 360, system_len: int = 296,
         requests.append(TraceRequest(f"header{h}-q{i}", tuple(prompt), tuple(output)))
     params = dict(num_requests=num_requests, system_len=system_len,
                   header_lens=[len(h) for h in headers], zipf=zipf, question=list(question),
-                  decode=list(decode), seed=seed)
-    return Trace.build("branching_fewshot", params, requests)
+                  decode=list(decode))
+    return Trace("branching_fewshot", seed, tuple(requests), params=params)
 
 
 def long_doc_qa(doc_lens: Sequence[int] = (12500, 17000, 23500, 28500, 34000),
@@ -214,42 +181,5 @@ def long_doc_qa(doc_lens: Sequence[int] = (12500, 17000, 23500, 28500, 34000),
         requests.append(TraceRequest(f"doc{d}-q{asked[d]}", tuple(prompt), tuple(output)))
         asked[d] += 1
     params = dict(doc_lens=list(doc_lens), questions_per_doc=questions_per_doc,
-                  preamble_len=preamble_len, question=list(question), decode=list(decode),
-                  seed=seed)
-    return Trace.build("long_doc_qa", params, requests)
-
-
-@dataclass(frozen=True)
-class ReuseStats:
-    """What an infinite pool would reuse on a trace (full-attention blocks)."""
-
-    reusable_blocks: int  # distinct blocks some later request's hit covers
-    ceiling_hit_rate: float  # hit tokens / prompt tokens with every block kept
-    max_request_blocks: int  # blocks of the longest request (prompt + decode)
-
-
-def reuse_stats(trace: Trace, block_size: int = 16) -> ReuseStats:
-    """Replay `trace` against an infinite cache of chained block hashes.
-
-    A request's hit is the longest run of its leading blocks that earlier
-    requests (prompts and decoded tokens) produced, capped below its last
-    prompt token like every manager's; those blocks are the working set.
-    """
-    from hybridkv.kv_cache.hashing import compute_block_hashes
-
-    seen: set[bytes] = set()
-    used: set[bytes] = set()
-    hit_tokens = prompt_tokens = longest = 0
-    for r in trace.requests:
-        sequence = list(r.prompt_token_ids + r.decode_token_ids)
-        hashes = compute_block_hashes(sequence, block_size, hash_algo="xxhash")
-        cap = (len(r.prompt_token_ids) - 1) // block_size
-        hit = 0
-        while hit < cap and hashes[hit] in seen:
-            hit += 1
-        used.update(hashes[:hit])
-        seen.update(hashes)
-        hit_tokens += hit * block_size
-        prompt_tokens += len(r.prompt_token_ids)
-        longest = max(longest, -(-len(sequence) // block_size))
-    return ReuseStats(len(used), hit_tokens / max(1, prompt_tokens), longest)
+                  preamble_len=preamble_len, question=list(question), decode=list(decode))
+    return Trace("long_doc_qa", seed, tuple(requests), params=params)

@@ -10,6 +10,7 @@ token p50 / p99, preemptions and the router's decision time, and writes
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from argparse import ArgumentParser, Namespace
@@ -21,7 +22,7 @@ from hybridkv.serving.router.policy import (
     check_policy,
 )
 from hybridkv.tools.cluster_sim import CONFIGS, ClusterSim, CostModel, InstanceShape, RunResult
-from hybridkv.tools.cluster_workload import ClusterWorkload
+from hybridkv.tools.cluster_workload import ClusterWorkload, WorkloadShape
 
 BIG = "one instance, N x memory"
 
@@ -43,6 +44,19 @@ def add_cluster_arguments(p: ArgumentParser) -> None:
     group.add_argument("--balance", type=float, default=DEFAULT_BALANCE,
                        help="hybrid-prefix: weight of queued tokens against reusable ones")
     group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--mix", default="0.5,0.2,0.3",
+                       help="shares of open-loop arrivals: documents, few-shot, chat sessions")
+
+
+def parse_mix(text: str) -> tuple[float, float, float]:
+    """'0.5,0.2,0.3' -> the workload mix (three non-negative shares, not all 0)."""
+    try:
+        parts = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 3 or not all(0 <= x < math.inf for x in parts) or not sum(parts) > 0:
+        raise ValueError(f"--mix {text!r}: give three shares doc,fewshot,chat like 0.5,0.2,0.3")
+    return parts[0], parts[1], parts[2]
 
 
 def policies_from(text: str) -> list[str]:
@@ -62,13 +76,14 @@ def run_cluster(args: Namespace) -> int:
         raise ValueError(f"--config {args.config!r} is unknown; use one of {', '.join(CONFIGS)}")
     policies = policies_from(args.router)
     balance = check_balance(args.balance)
+    args.mix = parse_mix(args.mix) if isinstance(args.mix, str) else args.mix
     shape = InstanceShape(blocks_per_group=args.blocks,
                           eviction_policy=args.eviction_policy or "hybrid")
     cost = CostModel()
     print(f"cluster: {n} instances, config {args.config} ({_describe(args.config)}), "
           f"{args.blocks} blocks per group per instance ({shape.eviction_policy} eviction), "
           f"{args.requests} open-loop requests per instance at {args.rate:g}/s each, "
-          f"seed {args.seed}")
+          f"mix {','.join(f'{x:g}' for x in args.mix)} (doc, few-shot, chat), seed {args.seed}")
     print(f"cost model: {cost.source}; times below are that machine's")
     results = []
     for policy in policies:
@@ -88,7 +103,8 @@ def run_cluster(args: Namespace) -> int:
 
 
 def _workload(args: Namespace) -> ClusterWorkload:
-    return ClusterWorkload(args.instances, args.rate, args.requests, seed=args.seed)
+    return ClusterWorkload(args.instances, args.rate, args.requests, seed=args.seed,
+                           shape=WorkloadShape(mix=args.mix))
 
 
 def _describe(config: str) -> str:
@@ -98,7 +114,8 @@ def _describe(config: str) -> str:
 def _row(r: RunResult) -> str:
     route = statistics.median(r.route_us) if r.route_us else 0.0
     return (f"  {r.policy:24s} hit rate {r.hit_rate:.3f}  imbalance {r.imbalance:.2f}  "
-            f"TTFT p50 {r.ttft(0.5):7.2f} s  p99 {r.ttft(0.99):7.2f} s  "
+            f"TTFT p50 {r.ttft(0.5):7.2f} s  p99 {r.ttft(0.99):7.2f} s "
+            f"(floor {r.ttft_floor(0.99):5.1f})  "
             f"requests {len(r.records)}  preemptions {r.preemptions}  "
             f"route {route:.0f} us  ({r.wall_s:.0f} s)")
 

@@ -27,6 +27,7 @@ from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
 from hybridkv.serving.router.layout import CacheLayout
+from hybridkv.serving.router.policy import DEFAULT_BALANCE
 from hybridkv.serving.router.routing import Decision, Router
 from hybridkv.tools.cluster_workload import Arrival, ClusterWorkload
 
@@ -52,6 +53,12 @@ class CostModel:
     def step_time(self, num_tokens: int) -> float:
         return self.step_s + self.token_s * num_tokens
 
+    def prefill_time(self, num_tokens: int, budget: int) -> float:
+        """Seconds to the first token of a prompt with `num_tokens` to compute,
+        alone on an instance scheduling `budget` tokens per step."""
+        steps, last = divmod(max(num_tokens, 1), budget)
+        return steps * self.step_time(budget) + (self.step_time(last) if last else 0.0)
+
     def faster(self, factor: float) -> CostModel:
         return CostModel(self.step_s / factor, self.token_s / factor, self.source)
 
@@ -72,6 +79,7 @@ class RequestRecord:
     num_prompt_tokens: int
     first_token: float = -1.0
     num_cached_tokens: int = 0
+    floor: float = 0.0  # its TTFT alone on an idle instance, with the tokens it reused
 
 
 class SimInstance:
@@ -90,6 +98,7 @@ class SimInstance:
         router.add_backend(name, CacheLayout.from_config(config))
         self.batch: list[ScheduledSeq] | None = None
         self.busy_s = 0.0
+        self.budget = shape.max_num_batched_tokens
 
     def start_step(self, now: float) -> float | None:
         """Schedule a step if there is work; returns when it ends."""
@@ -138,8 +147,17 @@ class RunResult:
         return max(self.busy_s) / mean if mean else 1.0
 
     def ttft(self, q: float) -> float:
-        values = sorted(r.first_token - r.arrival for r in self.records)
-        return values[min(len(values) - 1, int(q * len(values)))]
+        return _quantile([r.first_token - r.arrival for r in self.records], q)
+
+    def ttft_floor(self, q: float) -> float:
+        """The q-quantile of the requests' TTFT had each run alone on an idle
+        instance (with the tokens it reused): no routing gets its p99 lower."""
+        return _quantile([r.floor for r in self.records], q)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 class ClusterSim:
@@ -147,7 +165,7 @@ class ClusterSim:
 
     def __init__(self, config_name: str, workload: ClusterWorkload, policy: str, *,
                  shape: InstanceShape | None = None, cost: CostModel | None = None,
-                 balance: float = 1.0, num_instances: int | None = None,
+                 balance: float = DEFAULT_BALANCE, num_instances: int | None = None,
                  scale: int = 1, seed: int = 0) -> None:
         if config_name not in CONFIGS:
             raise ValueError(f"cluster config {config_name!r} is unknown; use one of "
@@ -221,6 +239,8 @@ class ClusterSim:
             if record.first_token < 0:
                 record.first_token = now
                 record.num_cached_tokens = seq.num_cached_tokens
+                record.floor = self.cost.prefill_time(
+                    record.num_prompt_tokens - seq.num_cached_tokens, inst.budget)
                 self.router.first_token(decision)
             seq.request.append_output_token_ids(self.rng.randrange(3, 32000))
             if seq.num_output_tokens >= seq.params.max_tokens:

@@ -2,7 +2,7 @@
 
 A setting is a trace shape from `hybridkv.tools.bench_traces`, a pool
 fraction and a running-request cap. The pool is the fraction of the trace's
-reusable full-attention working set (`reuse_stats`); a config with G groups
+reusable full-attention working set (`hybridkv.tools.traces.reuse_stats`); a config with G groups
 gets G times as many blocks (the same bytes: a block's page then covers 1/G
 of the layers), and never fewer than the longest request needs alone.
 
@@ -19,20 +19,14 @@ shapes. Other shapes, seeds and fractions go through `make_setting`.
 
 from __future__ import annotations
 
-import gc
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hybridkv.tools.bench_traces import (
-    ReuseStats,
-    Trace,
-    branching_fewshot,
-    long_doc_qa,
-    multi_turn_round_robin,
-    reuse_stats,
-)
-from hybridkv.tools.replay import CONFIG_GROUPS, ManagerAdapter, make_config, replay
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.testing.replay import CONFIG_GROUPS, ManagerAdapter, make_config, replay
+from hybridkv.tools.bench_traces import branching_fewshot, long_doc_qa, multi_turn_round_robin
+from hybridkv.tools.traces import ReuseStats, Trace, reuse_stats
 
 MAX_BATCHED_TOKENS = 8192
 
@@ -102,20 +96,20 @@ def run_setting(setting: str | PressureSetting, config: str, *, policy: str | No
     trace = setting.trace(seed=seed, quick=quick)
     stats = reuse_stats(trace)
     num_blocks = pool_blocks(stats, setting.pool_fraction, config)
-    adapter = ManagerAdapter(make_config(config, num_blocks), hash_algo=hash_algo,
-                             eviction_policy=policy)
-    free_before = adapter.num_free_blocks()
-    gc.collect()
-    res = replay(trace, adapter, max_running=setting.max_running,
-                 max_batched_tokens=MAX_BATCHED_TOKENS, time_budget_s=time_budget_s)
+    kwargs = {"eviction_policy": policy} if policy else {}
+    adapter = ManagerAdapter(KVCacheManager(make_config(config, num_blocks),
+                                            hash_algo=hash_algo, **kwargs))
+    free_before = adapter.num_free_blocks
+    res = replay(trace.requests, adapter, max_running=setting.max_running,
+                 max_batched_tokens=MAX_BATCHED_TOKENS, time_budget_s=time_budget_s, timed=True)
     complete = res.finished == len(trace.requests)
     return {"setting": setting.name, "config": config, "policy": policy or "default",
-            "fingerprint": trace.fingerprint, "num_blocks": num_blocks,
+            "fingerprint": trace.fingerprint(), "num_blocks": num_blocks,
             "hit_rate": round(res.hit_rate, 4),
             "ceiling_hit_rate": round(stats.ceiling_hit_rate, 4),
             "reusable_blocks": stats.reusable_blocks,
             "requests_per_s": round(res.requests_per_s, 1), "preemptions": res.preemptions,
             "evictions": adapter.manager.prefix_cache_stats.evictions,
             "finished": res.finished, "complete": complete,
-            "leak_free": adapter.num_free_blocks() == free_before if complete else None,
+            "leak_free": adapter.num_free_blocks == free_before if complete else None,
             "wall_s": round(res.wall_s, 3)}

@@ -3,8 +3,8 @@
 Five shapes, each a family rather than one trace: the seed draws the shape's
 parameters (session counts, document lengths, header tree, ...) from ranges
 as well as the tokens, so a policy judged on several seeds is judged on the
-family. Every trace is a tuple of `TraceRequest`s in arrival order plus the
-number of requests a scheduler should run at once.
+family. Every trace is a `hybridkv.tools.traces.Trace`: requests in arrival
+order plus the number of requests a scheduler should run at once.
 
 - `multi_turn`: chat sessions visited round-robin; each turn re-sends the
   session so far (earlier prompts and outputs) plus a new message.
@@ -25,48 +25,12 @@ version and machine.
 from __future__ import annotations
 
 import hashlib
-import struct
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+
+from hybridkv.tools.traces import Trace, TraceRequest
 
 VOCAB = 32000
-
-
-@dataclass(frozen=True)
-class TraceRequest:
-    """One request: the prompt, then the tokens appended one per decode step."""
-
-    request_id: str
-    prompt: tuple[int, ...]
-    output: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Trace:
-    """Requests in arrival order, the scheduler's cap on running requests, and
-    the parameters the seed drew."""
-
-    name: str
-    seed: int
-    requests: tuple[TraceRequest, ...]
-    max_running: int
-    params: dict[str, Any] = field(default_factory=dict)
-
-    def fingerprint(self) -> str:
-        """sha256 over every request's id and tokens (16 hex digits)."""
-        h = hashlib.sha256()
-        for r in self.requests:
-            h.update(r.request_id.encode())
-            h.update(struct.pack("<II", len(r.prompt), len(r.output)))
-            h.update(array("I", r.prompt).tobytes())
-            h.update(array("I", r.output).tobytes())
-        return h.hexdigest()[:16]
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return sum(len(r.prompt) for r in self.requests)
 
 
 class Draws:

@@ -5,17 +5,17 @@ other manager may live in another Python environment); both read the trace
 from this file, and `load_trace` rebuilds the fingerprint from the tokens it
 read and refuses a file whose tokens do not match the fingerprint stored in it.
 
-Format: the line `hybridkv-trace 1`, one line of JSON (name, params,
-fingerprint, and per request its id, the request it waits for, and its prompt
-and decode lengths), then every request's prompt and decode token ids as
-little-endian unsigned 32-bit integers, in request order.
+Format: the line `hybridkv-trace 1`, one line of JSON (name, seed, running
+cap, params, fingerprint, and per request its id, the request it waits for,
+and its prompt and decode lengths), then every request's prompt and decode
+token ids as little-endian unsigned 32-bit integers, in request order.
 
     >>> import os, tempfile
     >>> from hybridkv.tools.bench_traces import shared_prefix_trace
     >>> trace = shared_prefix_trace(num_requests=3, prefix_len=32, unique_len=8, decode_steps=2)
     >>> path = os.path.join(tempfile.mkdtemp(), "t.trace")
     >>> save_trace(trace, path)
-    >>> load_trace(path) == trace, load_trace(path).fingerprint == trace.fingerprint
+    >>> load_trace(path) == trace, load_trace(path).fingerprint() == trace.fingerprint()
     (True, True)
 """
 
@@ -25,7 +25,7 @@ import json
 import sys
 from array import array
 
-from hybridkv.tools.bench_traces import Trace, TraceRequest
+from hybridkv.tools.traces import Trace, TraceRequest
 
 MAGIC = b"hybridkv-trace 1\n"
 
@@ -39,13 +39,14 @@ def _uint32_array(values=()) -> array:
 
 def save_trace(trace: Trace, path: str) -> None:
     """Write `trace` to `path` (overwriting it)."""
-    header = {"name": trace.name, "params": trace.params, "fingerprint": trace.fingerprint,
-              "requests": [[r.request_id, r.after, len(r.prompt_token_ids),
-                            len(r.decode_token_ids)] for r in trace.requests]}
+    header = {"name": trace.name, "seed": trace.seed, "max_running": trace.max_running,
+              "params": trace.params, "fingerprint": trace.fingerprint(),
+              "requests": [[r.request_id, r.after, len(r.prompt), len(r.output)]
+                           for r in trace.requests]}
     tokens = _uint32_array()
     for r in trace.requests:
-        tokens.extend(r.prompt_token_ids)
-        tokens.extend(r.decode_token_ids)
+        tokens.extend(r.prompt)
+        tokens.extend(r.output)
     if sys.byteorder != "little":
         tokens.byteswap()
     with open(path, "wb") as f:
@@ -74,8 +75,9 @@ def load_trace(path: str) -> Trace:
         decode = tuple(tokens[pos + n_prompt:pos + n_prompt + n_decode])
         pos += n_prompt + n_decode
         requests.append(TraceRequest(request_id, prompt, decode, after))
-    trace = Trace.build(header["name"], header["params"], requests)
-    if trace.fingerprint != header["fingerprint"]:
-        raise ValueError(f"{path}: tokens give fingerprint {trace.fingerprint}, the file "
+    trace = Trace(header["name"], header.get("seed", 0), tuple(requests),
+                  header.get("max_running", 4), header["params"])
+    if trace.fingerprint() != header["fingerprint"]:
+        raise ValueError(f"{path}: tokens give fingerprint {trace.fingerprint()}, the file "
                          f"records {header['fingerprint']}")
     return trace

@@ -86,3 +86,21 @@ def test_a_refused_import_changes_nothing():
     before = state_snapshot(kv)
     assert kv.begin_import(blocks, [(0, h) for h in hashes[2:10]]) is None
     assert snapshot_diff(before, state_snapshot(kv)) == []
+
+
+def test_evict_listeners_that_skip_empty_blocks_get_every_taken_block():
+    """`skips_empty`: the listener gets the blocks taken unfiltered (it passes over those
+    without a hash itself) while no other kind listens; the cached ones are the same."""
+    for kinds in ([True], [True, False]):
+        kv = KVCacheManager(KVCacheConfig(6, [KVCacheGroupSpec(["a"], FullAttentionSpec(4))]))
+        seen: list[list[tuple[int, bytes | None]]] = [[] for _ in kinds]
+        for i, skips in enumerate(kinds):
+            kv.on_evict(lambda blocks, out=seen[i]: out.extend(
+                (b.block_id, b.block_hash) for b in blocks), skips_empty=skips)
+        for n in range(4):  # requests of 8 tokens: the pool of 5 blocks recycles them
+            req = Request(f"r{n}", [10 * n + t for t in range(8)])
+            kv.allocate_slots(req, 8)
+            kv.free(req)
+        cached = [[b for b in s if b[1] is not None] for s in seen]
+        assert all(c == cached[0] for c in cached) and cached[0]
+        assert any(h is None for _, h in seen[0]) == (kinds == [True])

@@ -67,7 +67,7 @@ def test_edge_cases_equal_the_python_reference(native):
 
 def test_the_managers_run_in_c(native):
     from hybridkv import KVCacheManager, Request
-    from hybridkv.tools.replay import make_config
+    from hybridkv.testing.replay import make_config
 
     for config in ("full", "swa", "mamba"):
         kv = KVCacheManager(make_config(config, 64))

@@ -1,8 +1,10 @@
 """The hybrid eviction policy in small exact scenarios: which block goes first and why."""
 
+import functools
+
 from hybridkv import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager, Request
 from hybridkv.kv_cache.block_pool import BlockPool
-from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE
+from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE
 from hybridkv.kv_cache.eviction import hybrid as hybrid_eviction
 
 
@@ -148,20 +150,29 @@ def test_take_gets_blocks_that_aging_moves_into_an_emptied_tier():
     pool.check_integrity()
 
 
-def stale_scenario(monkeypatch, data_comes_back, idle_takes):
+def stale_scenario(monkeypatch, data_comes_back, idle_takes, defaults=False, late_hit=None,
+                   weight=0.5):
     """Hit blocks a and b (a released first), a fresh block g; the fresh tier has
     lost a block `f` whose data is (or is not) computed again; the clock then runs
-    `idle_takes` blocks (an uncached block taken and freed). Returns the order the
-    three are taken in."""
-    for name, value in (("RETURN_WEIGHT", 0.5), ("RETURN_GATE", 0.35), ("STALE_AGE", 2.0),
-                        ("REUSE_DECAY", 1.0)):
+    `idle_takes` blocks (an uncached block taken and freed). With `late_hit` (a
+    rating), a block j hit once, released with a, is hit again after the idle
+    blocks (a long reuse distance) and kept. Returns the order a, b, g are taken
+    in. `defaults`: the module's STALE_AGE and RETURN_GATE, else 2.0 and 0.35; one
+    returning block makes `weight` of the share of fresh evictions that came back."""
+    patch = [("RETURN_WEIGHT", weight), ("REUSE_DECAY", 1.0)]
+    if not defaults:
+        patch += [("RETURN_GATE", 0.35), ("STALE_AGE", 2.0)]
+    for name, value in patch:
         monkeypatch.setattr(hybrid_eviction, name, value)
-    pool = BlockPool(9, eviction_policy="hybrid")
-    held = pool.get_new_blocks(8)  # the clock is at 8
-    a, b, f, g, spare, e = held[0], held[1], held[2], held[3], held[4], held[7]
-    cached(pool, [blk.block_id for blk in held[:7]], b"s")
-    a.num_hits = b.num_hits = 1
+    pool = BlockPool(10, eviction_policy="hybrid")
+    held = pool.get_new_blocks(9)  # the clock is at 9
+    a, b, f, g, spare, e, j = held[0], held[1], held[2], held[3], held[4], held[7], held[8]
+    cached(pool, [blk.block_id for blk in held[:7]] + [j.block_id], b"s")
+    a.num_hits = b.num_hits = j.num_hits = 1
     pool.free_blocks([a])
+    if late_hit is not None:
+        j.value_hint = late_hit
+        pool.free_blocks([j])
     pool.free_blocks([b])
     f_hash = f.block_hash
     pool.free_blocks([f])
@@ -176,6 +187,8 @@ def stale_scenario(monkeypatch, data_comes_back, idle_takes):
     for _ in range(idle_takes):
         pool.free_blocks([e])
         assert pool.get_new_blocks(1) == [e]
+    if late_hit is not None:
+        pool.touch([j])
     pool.free_blocks([g])
     order = [{a: "a", b: "b", g: "g"}[blk] for blk in pool.get_new_blocks(3)]
     pool.check_integrity()
@@ -194,3 +207,21 @@ def test_stale_rule_is_off_while_evicted_fresh_data_does_not_come_back(monkeypat
 def test_recently_used_hit_blocks_are_not_stale(monkeypatch):
     # the rule is on, but a and b were released too recently to count as stale
     assert stale_scenario(monkeypatch, True, 0) == ["g", "a", "b"]
+
+
+def test_hit_blocks_unused_for_one_and_a_half_reuse_distances_are_stale(monkeypatch):
+    # b's hit came 2 blocks after its release; a and b are released at clocks 9 and 10
+    # (the clock counts blocks taken); one block in five of the fresh evictions came back
+    run = functools.partial(stale_scenario, monkeypatch, True, defaults=True, weight=0.2)
+    assert run(1) == ["g", "a", "b"]
+    assert run(2) == ["a", "g", "b"]  # only a is older than 1.5 reuse distances
+    assert run(3) == ["a", "b", "g"]
+
+
+def test_a_junction_hit_late_does_not_stretch_the_reuse_distance(monkeypatch):
+    # j waited 9 blocks for its hit: as plain data that is the reuse distance and a, b
+    # are not stale; a junction's hit comes when a new prefix branches off, on a clock
+    # of its own, and does not count
+    run = functools.partial(stale_scenario, monkeypatch, True, 6, defaults=True)
+    assert run(late_hit=NORMAL_VALUE) == ["g", "a", "b"]
+    assert run(late_hit=JUNCTION) == ["a", "b", "g"]

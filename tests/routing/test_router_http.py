@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 pytest.importorskip("hybridkv.serving.server", reason="needs `hybridkv serve` in this build")
-from http_helpers import complete, route, serve, wait_until  # noqa: E402
+from http_helpers import complete, route, start_backend, wait_until  # noqa: E402
 
 MODEL = "gemma3-tiny"
 BLOCK = 16
@@ -31,10 +31,10 @@ def logs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def backends(redis_server, logs):
-    procs = [serve(MODEL, "A", redis_server, logs, "--num-blocks", "69",
-                   "--eviction-policy", "lru", wait=False),
-             serve(MODEL, "B", redis_server, logs, wait=False),
-             serve(MODEL, "C", redis_server, logs, wait=False)]
+    procs = [start_backend(MODEL, "A", redis_server, logs, "--num-blocks", "69",
+                           "--eviction-policy", "lru", wait=False),
+             start_backend(MODEL, "B", redis_server, logs, wait=False),
+             start_backend(MODEL, "C", redis_server, logs, wait=False)]
     for proc in procs:
         proc.wait_healthy()
     yield dict(zip("ABC", procs))

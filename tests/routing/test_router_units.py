@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridkv.kv_cache.events import AllBlocksCleared, BlockRemoved, BlockStored
 from hybridkv.kv_cache.hashing import compute_block_hashes
@@ -89,7 +91,7 @@ def test_route_prefers_reuse_then_load_and_keeps_loads():
     router.finished(first)
     router.finished(first)  # idempotent
     assert (router.loads["b"].pending_tokens, router.loads["b"].in_flight) == (0, 0)
-    router.loads["b"].pending_tokens = 100  # b busy: 40 - 36 + 100 > 40 + 0 on a
+    router.update_load("b", pending_tokens=100)  # b busy: 40 - 36 + 100 > 40 + 0 on a
     assert router.route(prompt).instance_id == "a"
     explained = router.explain(prompt)
     assert explained["backends"]["b"]["reusable_tokens"] == 36
@@ -149,3 +151,83 @@ def test_other_layouts_do_not_mix():
     assert router.route([1, 2, 3, 4, 5], model="m2").instance_id == "b"
     router.add_backend("a", CacheLayout((FullAttentionSpec(4),)), "m1")  # a new layout
     assert router.backends["a"].index.layout.specs == (FullAttentionSpec(4),)
+
+
+def test_store_blocks_complete_a_pool_and_count_below_pool_hits():
+    """A shared store's blocks count per group together with a backend's own pool,
+    at STORE_WEIGHT of a pool hit."""
+    from hybridkv.serving.router.routing import STORE_WEIGHT
+    from hybridkv.serving.router.store_view import _merge
+
+    layout = CacheLayout((FullAttentionSpec(4), SlidingWindowSpec(4, sliding_window=8),
+                          SlidingWindowSpec(4, sliding_window=8)))  # one window class
+    router = Router("hybrid-prefix")
+    for name in "abc":
+        router.add_backend(name, layout)
+    index = router.backends["a"].index
+    prompt = list(range(3, 20))  # 4 blocks, hits of at most 16 tokens
+    hashes = compute_block_hashes(prompt, 4)
+    # a: the chain and window group 1 in its pool; the store: window group 2, blocks 2-3
+    router.apply_events("a", stored(hashes, (0,)) + stored(hashes, (1,), 2, 4))
+    spots = [(g, j) for g in range(3) for j in range(4)]
+    reply = b"".join(b"1" if g == 2 and j >= 2 else b"0" for g, j in spots)
+    extra: dict[bytes, int] = {}
+    _merge(extra, index, hashes, spots, reply, [("a", 0), ("b", 1), ("c", 2)])
+    explained = router.explain(prompt, stored={index: extra})["backends"]
+    assert explained["a"]["reusable_tokens"] == 0 and explained["a"]["store_tokens"] == 16
+    assert explained["b"]["store_tokens"] == 0  # the store alone lacks group 1's windows
+    decision = router.route(prompt, stored={index: extra})
+    assert (decision.instance_id, decision.cached_tokens, decision.store_tokens) == ("a", 16, 16)
+    assert decision.pending_tokens == 1  # loaded tokens are not computed
+    router.finished(decision)
+
+    # c holds everything in its pool: a pool hit beats the same tokens through the store
+    router.apply_events("c", stored(hashes, (0, 1, 2)))
+    assert router.route(prompt, stored={index: extra}).instance_id == "c"
+    # ... unless c's load outweighs the store's discount
+    router.update_load("c", pending_tokens=int(16 * (1 - STORE_WEIGHT) / router.balance) + 1)
+    assert router.route(prompt, stored={index: extra}).instance_id == "a"
+
+
+@settings(max_examples=40)
+@given(st.lists(st.tuples(st.sampled_from(["route", "first", "finish", "poll"]),
+                          st.integers(0, 4), st.integers(0, 9)), max_size=60))
+def test_load_costs_follow_loads_and_the_average(ops):
+    """The kept costs equal the documented formula over the loads, with an
+    average of requests in hand within MEAN_SLACK of the true one, and each
+    decision is the brute-force argmin over backends of (load - credit)."""
+    from hybridkv.serving.router.policy import MEAN_SLACK, REQUEST_TOKENS, TIE
+
+    router = Router("hybrid-prefix")
+    names = "abcde"
+    for name in names:
+        router.add_backend(name, LAYOUT)
+    prompt = list(range(3, 43))
+    hashes = compute_block_hashes(prompt, 4)
+    router.apply_events("c", stored(hashes))  # c reuses 36 tokens, the others nothing
+    decisions = []
+    for op, who, amount in ops:
+        if op == "route":
+            group = router._candidates(None, ())[0]
+            loads = [router.loads[n] for n in names]
+            mean = group.loads.mean
+            expected = [router.balance * (ld.pending_tokens + REQUEST_TOKENS
+                                          * max(0.0, ld.num_requests - mean))
+                        + ld.in_flight * TIE - (36 if n == "c" else 0)
+                        for n, ld in zip(names, loads)]
+            decision = router.route(prompt)
+            assert expected[names.index(decision.instance_id)] == min(expected)
+            decisions.append(decision)
+        elif op in ("first", "finish") and decisions:
+            decision = decisions[who % len(decisions)]
+            (router.first_token if op == "first" else router.finished)(decision)
+        elif op == "poll":
+            router.update_load(names[who], waiting=amount, running=amount // 2)
+        group = router._candidates(None, ())[0]
+        loads = [router.loads[n] for n in names]
+        true_mean = sum(ld.num_requests for ld in loads) / len(loads)
+        assert abs(group.loads.mean - true_mean) < MEAN_SLACK
+        assert group.loads.costs == [
+            router.balance * (ld.pending_tokens + REQUEST_TOKENS
+                              * max(0.0, ld.num_requests - group.loads.mean))
+            + ld.in_flight * TIE for ld in loads]

@@ -1,7 +1,7 @@
 """Session-scoped servers (one per model, started on first use) and reference engines."""
 
 import pytest
-from serving_helpers import ServerProcess
+from server_process import serve
 
 from hybridkv import LLM
 from hybridkv.testing.tokenizer_checkpoint import save_checkpoint_with_tokenizer
@@ -15,7 +15,7 @@ def server_logs(tmp_path_factory):
 
 
 def _serve(model, logs, *args, api_key=None):
-    server = ServerProcess(model, *args, log_dir=logs, api_key=api_key)
+    server = serve(model, *args, log_dir=logs, api_key=api_key)
     yield server
     status = server.stop()
     assert status == 0, f"server exited with {status}:\n{server.log_text()[-3000:]}"

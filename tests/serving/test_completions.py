@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from serving_helpers import ServerProcess
+from server_process import ServerProcess
 
 from hybridkv import SamplingParams
 

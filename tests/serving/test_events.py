@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 from redis_fixture import free_port, running_redis
-from serving_helpers import ServerProcess
+from server_process import serve
 
 from hybridkv import compute_block_hashes
 from hybridkv.kv_cache.event_codec import decode_events
@@ -32,8 +32,8 @@ def _wait_for(predicate, timeout=30.0):
 
 @pytest.fixture(scope="module")
 def events_server(server_logs, redis_server):
-    server = ServerProcess(MODEL, "--events", redis_server, "--instance-id", "node-a",
-                           log_dir=server_logs)
+    server = serve(MODEL, "--events", redis_server, "--instance-id", "node-a",
+                   log_dir=server_logs)
     yield server
     assert server.stop() == 0
 
@@ -71,8 +71,7 @@ def test_instance_key_holds_the_layout_and_url(events_server, redis_server):
 def test_redis_down_fails_no_request_and_recovers(server_logs, tmp_path):
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    server = ServerProcess(MODEL, "--events", url, "--instance-id", "node-b",
-                           log_dir=server_logs)
+    server = serve(MODEL, "--events", url, "--instance-id", "node-b", log_dir=server_logs)
     try:
         for i in range(3):
             r = server.post("/v1/completions", json={"prompt": list(range(20 + i, 60)),

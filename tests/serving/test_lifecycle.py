@@ -6,7 +6,7 @@ import time
 
 import httpx
 import pytest
-from serving_helpers import ServerProcess
+from server_process import serve
 
 MODEL = "gemma3-tiny"
 
@@ -39,7 +39,7 @@ def _wait_for(predicate, timeout=30.0):
 @pytest.fixture
 def one_seat_server(server_logs):
     """One running sequence, one waiting: the third concurrent request is refused."""
-    server = ServerProcess(MODEL, "--max-num-seqs", "1", "--max-queue", "1", log_dir=server_logs)
+    server = serve(MODEL, "--max-num-seqs", "1", "--max-queue", "1", log_dir=server_logs)
     yield server
     server.stop()
 
@@ -68,7 +68,7 @@ def test_full_queue_answers_429_with_retry_after(one_seat_server):
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_0(server_logs):
-    server = ServerProcess(MODEL, log_dir=server_logs)
+    server = serve(MODEL, log_dir=server_logs)
     started, streamed, plain = threading.Event(), {}, {}
     runner = threading.Thread(target=_long_stream, args=(server, 400, started, streamed))
     runner.start()

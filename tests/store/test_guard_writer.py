@@ -96,13 +96,15 @@ def test_writer_encodes_blocks_readable_before_and_after_writing():
     layout, data = layout_and_data()
     store = CpuStore(1 << 20)
     written = []
-    writer = BackgroundWriter(StoreGuard(store), [layout], lambda *a: written.append(a))
-    keys = [b"a", b"b", b"c"]
-    assert writer.submit(0, keys, data)
-    assert writer.read(b"b") in (None, data[:, 1].tobytes())  # pending, or written already
+    writer = BackgroundWriter(StoreGuard(store), [layout], [b"p:"],
+                              lambda *a: written.append(a))
+    hashes = [b"a", b"b", b"c"]
+    assert writer.submit(0, hashes, data)
+    assert writer.read(0, b"b") in (None, data[:, 1].tobytes())  # pending, or written already
     assert writer.flush(10)
-    assert not writer.has(b"b") and writer.read(b"b") is None
-    for i, key in enumerate(keys):
+    assert not writer.has(0, b"b") and writer.read(0, b"b") is None
+    for i, h in enumerate(hashes):
+        key = b"p:" + h
         assert bytes(decode_block(layout, key, store.get([key])[0])) == data[:, i].tobytes()
     assert sum(a[1] for a in written) == 3
     writer.close()
@@ -111,9 +113,10 @@ def test_writer_encodes_blocks_readable_before_and_after_writing():
 def test_writer_drops_past_its_memory_bound():
     layout, data = layout_and_data()
     store = CpuStore(1 << 20)
-    writer = BackgroundWriter(StoreGuard(store), [layout], lambda *a: None,
-                              max_pending_bytes=data.nbytes - 1)
-    assert not writer.submit(0, [b"a", b"b", b"c"], data)
+    writer = BackgroundWriter(StoreGuard(store), [layout], [b""], lambda *a: None,
+                              max_pending_bytes=data.nbytes - 1, inline_bytes=0)
+    with pytest.warns(RuntimeWarning, match="backlog is full.*dropped_blocks"):
+        assert not writer.submit(0, [b"a", b"b", b"c"], data)
     assert writer.dropped_blocks == 3 and writer.flush(10) and store.stats().keys == 0
     writer.close()
 
@@ -129,3 +132,27 @@ def test_engine_kv_store_arguments_are_checked():
         LLM("gemma3-tiny", kv_store="cpu://", kv_store_select="some")
     llm = LLM("gemma3-tiny", kv_store=True)
     assert llm.kv_store_stats().url.startswith("cpu://") and LLM("gemma3-tiny").tier is None
+
+
+@pytest.mark.parametrize("inline_bytes", [0, 1 << 20])
+def test_writer_stores_the_same_inline_or_through_its_thread(inline_bytes):
+    """Small batches written by the caller (a store without I/O) or queued for the
+    thread end up the same in the store; only the inline count differs."""
+    rng = np.random.default_rng(3)
+    layout = BlockLayout(b"F" * 16, 0, "uint8", 2, 8)
+    batches = [([bytes([i, j]) * 16 for j in range(3)],
+                rng.integers(0, 255, (2, 3, 8), dtype=np.uint8)) for i in range(5)]
+    stores = []
+    for inline in (0, inline_bytes):
+        store = CpuStore(1 << 20)
+        writer = BackgroundWriter(StoreGuard(store), [layout], [b"p:"], lambda *a: None,
+                                  inline_bytes=inline)
+        for hashes, data in batches:
+            assert writer.submit(0, hashes, data)
+        assert writer.flush(10)
+        assert writer.inline_blocks == (15 if inline else 0)
+        writer.close()
+        stores.append(store)
+    keys = stores[0].keys()
+    assert len(keys) == 15 and stores[1].keys() == keys
+    assert stores[1].get(keys) == stores[0].get(keys)

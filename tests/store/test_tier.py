@@ -54,8 +54,9 @@ def held_positions(eng, prompt):
         stride = spec.block_size // kv.hash_block_size
         held = set(cached_positions(kv.pool, g, hashes, stride))
         for p in range(len(hashes) // stride):
-            key = tier.keys.key(g, hashes[(p + 1) * stride - 1])
-            if key in store._data or tier.writer.has(key):
+            block_hash = hashes[(p + 1) * stride - 1]
+            if store.contains([tier.keys.key(g, block_hash)])[0] \
+                    or tier.writer.has(g, block_hash):
                 held.add(p)
         out.append(held)
     return out
@@ -130,11 +131,10 @@ def test_damaged_values_are_rejected_once_warned_and_recomputed():
     for i in range(8):  # push the document out of the pool
         eng.run([40 + i] * 50)
     eng.tier.flush()
-    with store._lock:
-        for key in list(store._data):
-            value = bytearray(store._data[key])
-            value[-1] ^= 1
-            store._data[key] = bytes(value)
+    for key in store.keys():
+        value = bytearray(store.get([key])[0])
+        value[-1] ^= 1
+        store.put([key], [bytes(value)])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hit, external = eng.run(doc + [2])  # check_hit inside: no damaged data reaches a hit

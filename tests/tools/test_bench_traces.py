@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import pytest
 
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.testing.replay import ManagerAdapter, make_config, replay
 from hybridkv.tools.bench_traces import (
     TokenStream,
     branching_fewshot,
     long_doc_qa,
     multi_turn_round_robin,
-    reuse_stats,
     shared_prefix_trace,
 )
 from hybridkv.tools.pressure import SETTINGS, run_setting
-from hybridkv.tools.replay import ManagerAdapter, make_config, replay
+from hybridkv.tools.traces import reuse_stats
+
+
+def adapter_for(config, num_blocks, **kwargs):
+    return ManagerAdapter(KVCacheManager(make_config(config, num_blocks, **kwargs)))
 
 SMALL = {
     "multi_turn": lambda: multi_turn_round_robin(num_sessions=4, num_turns=3, system_len=40,
@@ -41,13 +46,13 @@ def test_token_streams_are_fixed_and_independent():
 @pytest.mark.parametrize("name", list(SMALL))
 def test_traces_are_deterministic(name):
     a, b = SMALL[name](), SMALL[name]()
-    assert a == b and a.fingerprint == b.fingerprint and len(a.fingerprint) == 16
+    assert a == b and a.fingerprint() == b.fingerprint() and len(a.fingerprint()) == 16
 
 
 def test_shared_prefix_requests_do_not_depend_on_the_count():
     few, many = shared_prefix_trace(3, 32, 8, 4), shared_prefix_trace(10, 32, 8, 4)
     assert few.requests == many.requests[:3]
-    assert all(r.prompt_token_ids[:32] == few.requests[0].prompt_token_ids[:32]
+    assert all(r.prompt[:32] == few.requests[0].prompt[:32]
                for r in many.requests)
 
 
@@ -58,9 +63,9 @@ def test_multi_turn_round_robin_extends_each_conversation():
     for s in range(4):
         for t in range(1, 3):
             before, now = by_id[f"chat{s}-turn{t - 1}"], by_id[f"chat{s}-turn{t}"]
-            history = before.prompt_token_ids + before.decode_token_ids
-            assert now.prompt_token_ids[:len(history)] == history
-            assert 10 <= len(now.prompt_token_ids) - len(history) <= 40
+            history = before.prompt + before.output
+            assert now.prompt[:len(history)] == history
+            assert 10 <= len(now.prompt) - len(history) <= 40
 
 
 def test_questions_start_with_their_header_or_document():
@@ -70,24 +75,24 @@ def test_questions_start_with_their_header_or_document():
     headers = {}
     for r in fewshot.requests:
         h = int(r.request_id.split("-")[0][len("header"):])
-        headers.setdefault(h, r.prompt_token_ids[:lens[h]])
-        assert r.prompt_token_ids[:lens[h]] == headers[h]
+        headers.setdefault(h, r.prompt[:lens[h]])
+        assert r.prompt[:lens[h]] == headers[h]
     docs = SMALL["long_doc"]()
     assert sorted(r.request_id for r in docs.requests) == sorted(
         f"doc{d}-q{q}" for d in range(2) for q in range(4))
     for r in docs.requests:
         n = 24 + (300, 500)[int(r.request_id[3])]
-        assert r.prompt_token_ids[:n] == docs.requests[0].prompt_token_ids[:24] + \
+        assert r.prompt[:n] == docs.requests[0].prompt[:24] + \
             next(x for x in docs.requests if x.request_id[:4] == r.request_id[:4]
-                 ).prompt_token_ids[24:n]
+                 ).prompt[24:n]
 
 
 def _brute_reuse(trace, block_size=16):
     """Hit blocks per request: longest block-aligned prefix seen in an earlier sequence."""
     earlier, used, hits = [], set(), []
     for r in trace.requests:
-        seq = r.prompt_token_ids + r.decode_token_ids
-        cap = (len(r.prompt_token_ids) - 1) // block_size
+        seq = r.prompt + r.output
+        cap = (len(r.prompt) - 1) // block_size
         hit = 0
         while hit < cap and any(len(e) >= (hit + 1) * block_size and
                                 e[:(hit + 1) * block_size] == seq[:(hit + 1) * block_size]
@@ -96,7 +101,7 @@ def _brute_reuse(trace, block_size=16):
         used.update(seq[:(k + 1) * block_size] for k in range(hit))
         hits.append(hit)
         earlier.append(seq)
-    prompt = sum(len(r.prompt_token_ids) for r in trace.requests)
+    prompt = sum(len(r.prompt) for r in trace.requests)
     return len(used), sum(hits) * block_size / prompt
 
 
@@ -112,17 +117,17 @@ def test_reuse_stats_match_brute_force(name):
 @pytest.mark.parametrize("name", list(SMALL))
 def test_ample_full_attention_pool_reaches_the_ceiling(name):
     trace = SMALL[name]()
-    adapter = ManagerAdapter(make_config("full", 4096))
-    res = replay(trace, adapter, max_running=4, max_batched_tokens=8192)
+    adapter = adapter_for("full", 4096)
+    res = replay(trace.requests, adapter, max_running=4, max_batched_tokens=8192)
     assert res.finished == len(trace.requests) and res.preemptions == 0
     assert res.hit_rate == pytest.approx(reuse_stats(trace).ceiling_hit_rate)
-    assert adapter.num_free_blocks() == 4095
+    assert adapter.num_free_blocks == 4095
 
 
 def test_shared_prefix_hit_rate_has_its_closed_form():
     trace = shared_prefix_trace(num_requests=20, prefix_len=100, unique_len=30, decode_steps=5)
     for config in ("full", "swa", "mamba"):
-        res = replay(trace, ManagerAdapter(make_config(config, 1024)), max_running=8)
+        res = replay(trace.requests, adapter_for(config, 1024), max_running=8, timed=True)
         assert res.hit_rate == pytest.approx(19 * (100 // 16) * 16 / (20 * 130)), config
         assert res.calls["allocate_decode"] == 20 * 5 and res.calls["free"] == 20
 
@@ -133,11 +138,11 @@ def test_tiny_pool_preempts_finishes_everything_and_leaks_nothing(config):
     # 8 unrelated prompts of 4 blocks growing to 8 while decoding, 4 at a time, 24 blocks
     trace = shared_prefix_trace(num_requests=8, prefix_len=64, unique_len=0, decode_steps=64,
                                 num_prefixes=8)
-    adapter = ManagerAdapter(make_config(config, 24, window=32))
-    res = replay(trace, adapter, max_running=4, max_batched_tokens=64)
+    adapter = adapter_for(config, 24, window=32)
+    res = replay(trace.requests, adapter, max_running=4, max_batched_tokens=64)
     assert res.finished == len(trace.requests)
     assert res.preemptions > 0
-    assert adapter.num_free_blocks() == 23
+    assert adapter.num_free_blocks == 23
 
 
 def test_a_request_larger_than_the_pool_is_refused():
@@ -146,7 +151,7 @@ def test_a_request_larger_than_the_pool_is_refused():
     # served); a manager that only returned None would be stopped by the driver instead
     refused = r"req-0.*(does not fit|needs \d+ more blocks|never be served)"
     with pytest.raises(ValueError, match=refused):
-        replay(trace, ManagerAdapter(make_config("full", 8)))
+        replay(trace.requests, adapter_for("full", 8))
 
 
 def test_pressure_settings_run_quick_and_stay_below_the_ceiling():

@@ -17,8 +17,9 @@ import sys
 
 import pytest
 
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.testing.replay import ManagerAdapter, make_config, replay
 from hybridkv.tools.bench_traces import multi_turn_round_robin, shared_prefix_trace
-from hybridkv.tools.replay import ManagerAdapter, make_config, replay
 from hybridkv.tools.trace_file import MAGIC, load_trace, save_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,7 +38,7 @@ def test_trace_file_round_trip(tmp_path, make):
     path = str(tmp_path / "t.trace")
     save_trace(trace, path)
     back = load_trace(path)
-    assert back == trace and back.fingerprint == trace.fingerprint
+    assert back == trace and back.fingerprint() == trace.fingerprint()
     assert [r.after for r in back.requests] == [r.after for r in trace.requests]
 
 
@@ -48,7 +49,7 @@ def test_trace_file_refuses_changed_tokens_and_other_files(tmp_path):
     data = bytearray(path.read_bytes())
     data[-1] ^= 1  # the last decode token of the last request
     path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match=f"records {trace.fingerprint}"):
+    with pytest.raises(ValueError, match=f"records {trace.fingerprint()}"):
         load_trace(str(path))
     path.write_bytes(b"not a trace\n")
     with pytest.raises(ValueError, match="not a hybridkv trace file"):
@@ -63,7 +64,7 @@ class AlignedAdapter(ManagerAdapter):
     """hybridkv's manager with a scheduler that ends prefill chunks on 16-token blocks."""
 
     def __init__(self, config):
-        super().__init__(config)
+        super().__init__(KVCacheManager(config))
         self.steps = 0
         self.chunk_ends: list[tuple[int, int]] = []  # (end, prompt length) of prefill chunks
 
@@ -86,10 +87,10 @@ class AlignedAdapter(ManagerAdapter):
 
 def test_driver_hooks_clip_chunks_and_mark_steps():
     trace = small_trace()
-    plain = replay(trace, ManagerAdapter(make_config("mamba", 256)), max_running=4,
-                   max_batched_tokens=70)
+    plain = replay(trace.requests, ManagerAdapter(KVCacheManager(make_config("mamba", 256))),
+                   max_running=4, max_batched_tokens=70, timed=True)
     hooked = AlignedAdapter(make_config("mamba", 256))
-    res = replay(trace, hooked, max_running=4, max_batched_tokens=70)
+    res = replay(trace.requests, hooked, max_running=4, max_batched_tokens=70, timed=True)
     assert res.finished == plain.finished == 12
     assert res.request_hits == plain.request_hits
     assert res.request_hits == {f"req-{i}": 0 if i == 0 else 64 for i in range(12)}
@@ -97,7 +98,7 @@ def test_driver_hooks_clip_chunks_and_mark_steps():
     assert plain.calls["new_step"] == 0
     assert all(end % 16 == 0 or end == prompt for end, prompt in hooked.chunk_ends)
     assert any(end % 16 != 0 and end != prompt for end, prompt in plain_chunk_ends(trace))
-    assert hooked.num_free_blocks() == 255
+    assert hooked.num_free_blocks == 255
 
 
 def plain_chunk_ends(trace):
@@ -107,7 +108,7 @@ def plain_chunk_ends(trace):
             return n
 
     adapter = Recorder(make_config("mamba", 256))
-    replay(trace, adapter, max_running=4, max_batched_tokens=70)
+    replay(trace.requests, adapter, max_running=4, max_batched_tokens=70)
     return adapter.chunk_ends
 
 
@@ -122,16 +123,16 @@ def test_worker_hybridkv_side(tmp_path, config):
     path = str(tmp_path / "t.trace")
     save_trace(trace, path)
     done = run_worker(tmp_path, "--side", "hybridkv", "--config", config, "--trace", path,
-                      "--fingerprint", trace.fingerprint, "--num-blocks", "256",
+                      "--fingerprint", trace.fingerprint(), "--num-blocks", "256",
                       "--window", "32", "--max-running", "4", "--warmup", "3")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert result["finished"] == 12 and result["leaked_blocks"] == 0
     assert result["hit_rate"] == pytest.approx(11 * 64 / (12 * 84), abs=1e-5)
-    adapter = ManagerAdapter(make_config(config, 256, window=32))
-    direct = replay(trace, adapter, max_running=4)
+    adapter = ManagerAdapter(KVCacheManager(make_config(config, 256, window=32)))
+    direct = replay(trace.requests, adapter, max_running=4)
     assert result["request_hits"] == [direct.request_hits[r.request_id] for r in trace.requests]
-    assert result["info"]["hybridkv"] and result["fingerprint"] == trace.fingerprint
+    assert result["info"]["hybridkv"] and result["fingerprint"] == trace.fingerprint()
 
 
 def test_worker_refuses_another_fingerprint(tmp_path):

@@ -32,8 +32,10 @@ re-enters by its hit count.
 Stale hit data: hit counts say a block was useful, not that it still is (an
 agent that finished, a conversation that ended). The policy keeps the longest
 recent reuse distance of hits (blocks taken between a block's release and its
-hit, a maximum that decays by REUSE_DECAY per hit, whatever its length) and watches whether fresh
-data it evicts is computed again. While at least RETURN_GATE of recent fresh
+hit, a maximum that decays by REUSE_DECAY per hit, whatever its length; hits
+on junction-rated blocks do not count: they come when a new prefix branches
+off, on a clock of their own) and watches whether fresh data it evicts is
+computed again. While at least RETURN_GATE of recent fresh
 evictions come back (the never-hit tier is losing live data, e.g. the newest
 step of agents that run round-robin in a pool that holds them all), a hit
 block unused for more than STALE_AGE times that distance is taken before the
@@ -58,9 +60,9 @@ AGE_EVERY = 8
 # stale hit data (see above): age limit in reuse distances, decay of the longest
 # reuse distance per hit, the share of fresh evictions coming back that turns the
 # rule on, and the weight of one eviction in that share
-STALE_AGE = 4.0
+STALE_AGE = 1.5
 REUSE_DECAY = 0.999
-RETURN_GATE = 0.35
+RETURN_GATE = 0.1
 RETURN_WEIGHT = 1 / 256
 # tiers kept as stacks (the end of the dict is taken first: new blocks go on top);
 # the others are queues (the front is taken first, new blocks join at the end)
@@ -148,7 +150,8 @@ class HybridPolicy(EvictionPolicy):
             slot = block.queue_slot
             released = tiers[slot].pop(block)
             block.queue_slot = -1
-            if FRESH <= slot <= HIT_OFTEN and clock - released > reuse:  # how long it waited
+            if FRESH <= slot <= HIT_OFTEN and clock - released > reuse \
+                    and block.value_hint != JUNCTION:  # how long it waited
                 reuse = clock - released
         self._reuse = reuse
         self._num_free -= len(blocks)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from hybridkv.kv_cache.block_pool import Block, BlockPool
-from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE
+from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE
 from hybridkv.kv_cache.managers.base import Lookup, SingleTypeManager
 from hybridkv.kv_cache.managers.protection import Protection
 from hybridkv.kv_cache.request import Request
@@ -106,8 +106,14 @@ class SlidingWindowManager(SingleTypeManager):
 
     def rate_released(self, request: Request, junction: int, blocks: list[Block], start: int,
                       end: int) -> None:
+        """The window of the junction is rated a junction when it is short next to the
+        prefix it completes (at most half of it): a window as long as the prefix would
+        rank as many blocks as the prefix above it, and the pool would give up the prefix
+        first and keep the window stranded. The windows of stops in the prompt's tail and
+        of the request's end keep their rating; the rest is low value."""
         bs, need, null = self.block_size, self.spec.num_window_blocks, self.null_block
         shared = junction // bs
+        at_junction = JUNCTION if 2 * need <= shared else NORMAL_VALUE
         prompt, computed = request.num_prompt_tokens // bs, request.num_computed_tokens // bs
         j_lo = shared - need  # the window of the junction: rated a junction
         # kept as they are: the windows of the stops in the prompt's tail (which hold
@@ -123,7 +129,7 @@ class SlidingWindowManager(SingleTypeManager):
                 if block is null:
                     continue
                 if j_lo <= i < shared:
-                    block.value_hint = JUNCTION
+                    block.value_hint = at_junction
                 elif not (t_lo <= i < prompt or c_lo <= i < computed):
                     block.value_hint = LOW_VALUE
 

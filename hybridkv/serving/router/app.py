@@ -3,8 +3,9 @@
 A completion or chat request is turned into prompt token ids (a token-id
 prompt as it is; text and chat messages through a backend's `POST /tokenize`,
 so the router hashes exactly what the backend will), routed by the policy
-(`Router.route`, salted by the request's `cache_salt`), and forwarded with
-its headers. Streams pass through as they come. The response carries
+(`Router.route`, salted by the request's `cache_salt`; with `--kv-store`,
+after asking the shared store which of its blocks it holds, `StoreView`), and
+forwarded with its headers. Streams pass through as they come. The response carries
 `x-hybridkv-backend: <instance id>`. `POST /route/explain` takes the same
 body and answers what the policy would decide, sending nothing (per backend:
 reusable tokens, cached full-attention chain, health and load).
@@ -33,7 +34,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from hybridkv.serving.router.backends import Backends
 from hybridkv.serving.router.event_stream import EventStreams
 from hybridkv.serving.router.metrics import RouterMetrics
-from hybridkv.serving.router.routing import Decision, NoBackendError, Router
+from hybridkv.serving.router.routing import Decision, NoBackendError, PromptHashes, Router
+from hybridkv.serving.router.store_view import StoreView
 
 logger = logging.getLogger("hybridkv.router")
 RETRY_STATUSES = (502, 503, 504)
@@ -54,19 +56,26 @@ class RouterApp:
     """State of one router process: policy, backends, event streams, metrics."""
 
     def __init__(self, router: Router, backend_urls: list[str], events_url: str | None, *,
-                 check_interval: float = 1.0, request_timeout: float = 600.0) -> None:
+                 check_interval: float = 1.0, request_timeout: float = 600.0,
+                 kv_store_url: str | None = None) -> None:
         self.router = router
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=2.0),
                                         limits=httpx.Limits(max_connections=1000))
         self.metrics = RouterMetrics(router)
         self.streams = EventStreams(events_url, router) if events_url else None
+        self.store = StoreView(kv_store_url, router) if kv_store_url else None
         self.backends = Backends(backend_urls, router, self.client, interval=check_interval,
                                  on_layout=self._joined)
         self.metrics.backends = self.backends
+        self.metrics.store = self.store
+        self.metrics.streams = self.streams
 
     def _joined(self, backend) -> None:
         if self.streams is not None:
             self.streams.follow(backend.instance_id)
+        if self.store is not None and self.store.bind(backend.instance_id, backend.layout):
+            logger.info("backend %s loads from kv store %s", backend.instance_id,
+                        self.store.url)
 
     # ---- turning a request into token ids ----------------------------------------
 
@@ -111,10 +120,12 @@ class RouterApp:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         tokens = await self.prompt_tokens(path, body, headers)
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
+        prompt = PromptHashes(tokens, salt) if tokens else None
+        stored = await self.store.stored(prompt) if self.store and prompt else None
         tried: set[str] = set()
         while True:
             try:
-                decision = self._route(tokens, salt, body.get("model"), tried)
+                decision = self._route(tokens, salt, body.get("model"), tried, prompt, stored)
             except NoBackendError as err:
                 return error(503, str(err), code="no_backend")
             tried.add(decision.instance_id)
@@ -126,11 +137,12 @@ class RouterApp:
                 self.backends.mark_down(self.backends.by_instance(decision.instance_id),
                                         str(err))
 
-    def _route(self, tokens: list[int], salt: str | None, model: object,
-               tried: set[str]) -> Decision:
+    def _route(self, tokens: list[int], salt: str | None, model: object, tried: set[str],
+               prompt: PromptHashes | None, stored) -> Decision:
         model = model if isinstance(model, str) else None
         if tokens:
-            decision = self.router.route(tokens, cache_salt=salt, model=model, exclude=tried)
+            decision = self.router.route(tokens, cache_salt=salt, model=model, exclude=tried,
+                                         hashes=prompt, stored=stored)
         else:  # no token ids (the backends could not tokenize): by load
             decision = self.router.route([0], model=model, exclude=tried)
         self.metrics.routed(decision)
@@ -190,6 +202,8 @@ def build_app(state: RouterApp) -> FastAPI:
         checker.cancel()
         if state.streams is not None:
             await state.streams.close()
+        if state.store is not None:
+            await state.store.close()
         await state.client.aclose()
 
     app = FastAPI(title="hybridkv router", lifespan=lifespan, docs_url=None, redoc_url=None,
@@ -231,7 +245,9 @@ def build_app(state: RouterApp) -> FastAPI:
             return error(400, "the prompt could not be turned into token ids", "prompt")
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
         model = body.get("model") if isinstance(body.get("model"), str) else None
-        return JSONResponse(state.router.explain(tokens, cache_salt=salt, model=model))
+        stored = await state.store.stored(PromptHashes(tokens, salt)) if state.store else None
+        return JSONResponse(state.router.explain(tokens, cache_salt=salt, model=model,
+                                                 stored=stored))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

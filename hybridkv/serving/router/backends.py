@@ -33,6 +33,7 @@ class BackendState:
     model: str | None = None
     healthy: bool = False
     checks_failed: int = 0
+    layout: dict[str, Any] | None = None  # its last layout JSON
 
 
 def load_from_metrics(text: str) -> tuple[int, int]:
@@ -87,9 +88,8 @@ class Backends:
         except (httpx.HTTPError, ValueError, KeyError) as err:
             self.mark_down(backend, f"{type(err).__name__}: {err}")
             return
-        load = self.router.loads.get(backend.instance_id)  # type: ignore[arg-type]
-        if load is not None:
-            load.waiting, load.running = waiting, running
+        if backend.instance_id in self.router.loads:
+            self.router.update_load(backend.instance_id, waiting=waiting, running=running)
         if not backend.healthy:
             logger.info("backend %s (%s) is healthy", backend.url, backend.instance_id)
         backend.healthy, backend.checks_failed = True, 0
@@ -105,6 +105,7 @@ class Backends:
         if backend.instance_id is not None and backend.instance_id != instance_id:
             self.router.remove_backend(backend.instance_id)
         backend.instance_id, backend.model = instance_id, body.get("model")
+        backend.layout = body
         self.router.add_backend(instance_id, layout, backend.model)
         self.on_layout(backend)
 

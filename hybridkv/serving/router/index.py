@@ -19,9 +19,9 @@ random cache states of the real manager).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import accumulate, repeat
-from operator import and_
+from operator import and_, or_
 from typing import NamedTuple
 
 from hybridkv.kv_cache.events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
@@ -33,7 +33,7 @@ from hybridkv.serving.router.rules import (
     needs_last_block,
 )
 
-FIRST_FETCH = 16  # hash blocks fetched before the first check of the chain (then doubling)
+FIRST_FETCH = 16  # hash blocks fetched before the first check of the chain (then the rest)
 
 
 class Reuse(NamedTuple):
@@ -67,15 +67,21 @@ class PrefixIndex:
         self.layout = layout
         self.classes, self.group_class = layout.reuse_classes()
         self.class_size = [self.group_class.count(c) for c in range(len(self.classes))]
+        # a group's bit among the groups of its class; all of them: the class's full mask
+        self.group_bit = [1 << self.group_class[:g].count(c)
+                          for g, c in enumerate(self.group_class)]
+        self.class_full = [(1 << size) - 1 for size in self.class_size]
         self.table: dict[bytes, int] = {}
         self.width = width
         self.slots: list[str | None] = []  # slot -> instance id (None: free)
         self.bit_of: dict[str, int] = {}
-        # per instance, per class: hash -> how many groups of the class cache it
+        # per instance, per class: hash -> mask of the class's groups caching it
         self._held: dict[str, list[dict[bytes, int]]] = {}
         self.live_mask = 0
         self.hash_block_size = layout.hash_block_size
-        self._step = layout.alignment // self.hash_block_size
+        self._alignment = layout.alignment
+        self._step = self._alignment // self.hash_block_size
+        self._first_fetch = max(FIRST_FETCH // self._step, 1) * self._step
         self._chain_ids = [c for c, r in enumerate(self.classes) if r.kind == CHAIN]
         self._other_ids = [c for c, r in enumerate(self.classes) if r.kind != CHAIN]
         # field offsets of classes whose every hit needs the block ending at L
@@ -113,16 +119,22 @@ class PrefixIndex:
     def clear(self, instance_id: str) -> None:
         """The instance caches nothing (AllBlocksCleared)."""
         held = self._held[self._check(instance_id)]
-        for c, counts in enumerate(held):
-            flag = 1 << (c * self.width + self.bit_of[instance_id])
-            for block_hash, count in counts.items():
-                if count == self.class_size[c]:
+        for c, groups in enumerate(held):
+            flag, full = 1 << (c * self.width + self.bit_of[instance_id]), self.class_full[c]
+            for block_hash, mask in groups.items():
+                if mask == full:
                     self._unset(block_hash, flag)
-            counts.clear()
+            groups.clear()
 
     def num_cached_blocks(self, instance_id: str) -> int:
         """Group blocks the instance caches, as its events tell."""
-        return sum(sum(counts.values()) for counts in self._held[self._check(instance_id)])
+        return sum(mask.bit_count() for groups in self._held[self._check(instance_id)]
+                   for mask in groups.values())
+
+    def held_groups(self, instance_id: str, class_id: int, block_hash: bytes) -> int:
+        """Mask of the groups of class `class_id` (bits as in `group_bit`) that
+        cache `block_hash` on the instance."""
+        return self._held[instance_id][class_id].get(block_hash, 0)
 
     def _check(self, instance_id: str) -> str:
         if instance_id not in self._held:
@@ -157,7 +169,7 @@ class PrefixIndex:
         """
         held = self._held[self._check(instance_id)]
         slot, width, table = self.bit_of[instance_id], self.width, self.table
-        group_class, sizes = self.group_class, self.class_size
+        group_class, group_bit, class_full = self.group_class, self.group_bit, self.class_full
         for event in events:
             kind = type(event)
             if kind is AllBlocksCleared:
@@ -168,38 +180,42 @@ class PrefixIndex:
                 raise ValueError(f"block event for group {group_id} of instance "
                                  f"{instance_id!r}: the layout has {len(group_class)} groups")
             c, block_hash = group_class[group_id], event.block_hash  # type: ignore[union-attr]
-            counts = held[c]
-            count = counts.get(block_hash, 0)
+            groups, bit = held[c], group_bit[group_id]
+            mask = groups.get(block_hash, 0)
             if kind is BlockStored:
-                counts[block_hash] = count + 1
-                if count + 1 == sizes[c]:
+                mask |= bit
+                groups[block_hash] = mask
+                if mask == class_full[c]:
                     table[block_hash] = table.get(block_hash, 0) | (1 << (c * width + slot))
             elif kind is BlockRemoved:
-                if not count:
+                if not mask & bit:
                     self.num_unknown_removals += 1
                     continue
-                if count == sizes[c]:
+                if mask == class_full[c]:
                     self._unset(block_hash, 1 << (c * width + slot))
-                if count == 1:
-                    del counts[block_hash]
+                if mask == bit:
+                    del groups[block_hash]
                 else:
-                    counts[block_hash] = count - 1
+                    groups[block_hash] = mask & ~bit
 
     # ---- lookups ---------------------------------------------------------------
 
-    def lookup(self, block_hashes: Sequence[bytes], max_tokens: int) -> Reuse:
+    def lookup(self, block_hashes: Sequence[bytes], max_tokens: int,
+               extra: Mapping[bytes, int] | None = None) -> Reuse:
         """Tokens every instance can reuse for a prompt with these block hashes.
 
         `max_tokens` is the prompt length minus one (a hit leaves at least
-        one token to compute). Example (B=16, full + window of 2 blocks):
+        one token to compute). `extra` maps hashes to packed bits counted as
+        cached on top of the table's (blocks a shared store holds for the
+        instances that can load from it). Example (B=16, full + window of 2 blocks):
         slot 0 caches full blocks 0-3 and window blocks 2-3, slot 1 full 0-3
         and window 0-1; a 65-token prompt -> levels [(64, 0b01), (32, 0b10)].
         """
         step = self._step
-        top = min(max_tokens // self.layout.alignment * step, len(block_hashes) // step * step)
+        top = min(max_tokens // self._alignment * step, len(block_hashes) // step * step)
         if top <= 0 or not self.live_mask:
             return Reuse([])
-        vals, chains = self._fetch(block_hashes, top)
+        vals, chains = self._fetch(block_hashes, top, extra)
         top = min(top, len(vals) // step * step)
         for stride, off, chain in chains:  # no length past a chain's first gap
             top = min(top, first_zero_field(chain, off, self.width) * stride // step * step)
@@ -230,32 +246,43 @@ class PrefixIndex:
             n = first_zero_field(chain, off, self.width, ~assigned)
         return Reuse(levels)
 
-    def _fetch(self, block_hashes: Sequence[bytes],
-               top: int) -> tuple[list[int], list[tuple[int, int, list[int]]]]:
-        """Packed values of hash blocks 0.. (up to `top`), fetched in doubling
-        chunks until the first chain class loses every instance; and per
-        chain class (stride, field offset, running AND over its blocks)."""
-        get, width = self.table.get, self.width
+    def _fetch(self, block_hashes: Sequence[bytes], top: int,
+               extra: Mapping[bytes, int] | None = None,
+               ) -> tuple[list[int], list[tuple[int, int, list[int]]]]:
+        """Packed values of hash blocks 0.. (up to `top`): the first FIRST_FETCH,
+        then the rest while the first chain class holds some instance; and per
+        chain class (stride, field offset, running AND over its blocks).
+        `extra` (hash -> packed bits) is ORed into the table's values."""
+        width = self.width
+        get = self._getter(extra)
         if not self._chain_ids:
-            return list(map(get, block_hashes[:top], repeat(0))), []
+            return get(block_hashes[:top]), []
         c0 = self._chain_ids[0]
         stride0, off0, full = self.classes[c0].stride, c0 * width, (1 << width) - 1
-        vals: list[int] = []
-        chain0: list[int] = []
-        size = max(FIRST_FETCH // self._step, 1) * self._step
-        while len(vals) < top:
-            part = list(map(get, block_hashes[len(vals):min(len(vals) + size, top)], repeat(0)))
-            vals += part  # chunks are multiples of the step, so of every stride
-            seed = chain0[-1] if chain0 else -1
-            chain0 += list(accumulate(part[stride0 - 1::stride0], and_, initial=seed))[1:]
-            if not (chain0[-1] >> off0) & full:
-                break
-            size *= 2
+        first = min(top, self._first_fetch)  # a multiple of the step, so of every stride
+        vals = get(block_hashes[:first])
+        chain0 = list(accumulate(vals if stride0 == 1 else vals[stride0 - 1::stride0], and_))
+        if first < top and (chain0[-1] >> off0) & full:
+            rest = get(block_hashes[first:top])
+            vals += rest
+            more = accumulate(rest if stride0 == 1 else rest[stride0 - 1::stride0], and_,
+                              initial=chain0[-1])
+            next(more)  # the seed itself
+            chain0 += more
         chains = [(stride0, off0, chain0)]
         for c in self._chain_ids[1:]:
             stride = self.classes[c].stride
             chains.append((stride, c * width, list(accumulate(vals[stride - 1::stride], and_))))
         return vals, chains
+
+    def _getter(self, extra: Mapping[bytes, int] | None) -> Callable[[Sequence[bytes]], list[int]]:
+        """Hashes -> packed values (the table's, ORed with `extra`'s when given)."""
+        table_get = self.table.get
+        if not extra:
+            return lambda hashes: list(map(table_get, hashes, repeat(0)))
+        extra_get = extra.get
+        return lambda hashes: list(map(or_, map(table_get, hashes, repeat(0)),
+                                       map(extra_get, hashes, repeat(0))))
 
     def _scan(self, vals: list[int], chains: list[tuple[int, int, list[int]]],
               checks: list[RuleCheck], top: int) -> list[tuple[int, int]]:

@@ -19,6 +19,10 @@ def add_route_arguments(p: argparse.ArgumentParser) -> None:
                         "one (0: cache only; large: least-loaded)")
     p.add_argument("--events", default=None, metavar="URL",
                    help="the Redis the backends publish block events to (redis://host:port/db)")
+    p.add_argument("--kv-store", default=None, metavar="URL",
+                   help="the shared Redis KV store of the backends (the URL they were "
+                        "started with, redis://host:port/db): hybrid-prefix also counts the "
+                        "prefixes they can load from it")
     p.add_argument("--check-interval", type=float, default=1.0,
                    help="seconds between health checks of each backend")
     p.add_argument("--log-level", default="info",
@@ -33,6 +37,12 @@ def run_router(args: argparse.Namespace) -> int:
     if args.events is not None and not args.events.startswith(("redis://", "rediss://",
                                                                 "unix://")):
         raise ValueError(f"--events {args.events!r} is not a Redis URL (redis://host:port/db)")
+    if args.kv_store is not None:
+        from hybridkv.store.url import parse_store_url
+
+        if parse_store_url(args.kv_store).scheme != "redis":
+            raise ValueError(f"--kv-store {args.kv_store!r} is not a redis:// URL (only a "
+                             f"shared Redis store is visible to the router)")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     for url in args.backend:
@@ -45,8 +55,10 @@ def run_router(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: the health checks alone would flood the log
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     state = RouterApp(Router(args.policy, args.balance), args.backend, args.events,
-                      check_interval=args.check_interval)
+                      check_interval=args.check_interval, kv_store_url=args.kv_store)
     uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False)
     return 0

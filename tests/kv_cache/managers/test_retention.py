@@ -257,3 +257,26 @@ def test_lru_ignores_protection(monkeypatch):
         orders.append([b.block_id for b in mgr.pool.free_queue])
         mgr.check_integrity()
     assert orders[:2] == orders[2:]
+
+
+def junction_window_hints(prefix_blocks):
+    """Two prompts sharing `prefix_blocks` blocks, then different; the window (2 blocks)
+    of the second one's junction, rated when it ends."""
+    mgr = manager(SlidingWindowSpec(block_size=B, sliding_window=2 * B))
+    shared = list(range(100, 100 + prefix_blocks * B))
+    run(mgr, shared + list(range(500, 500 + 3 * B)))
+    n, ids = run(mgr, shared + list(range(700, 700 + 3 * B)))
+    assert n == prefix_blocks * B  # the hit stops at the junction, its window cached
+    return hints(mgr, ids[1][prefix_blocks - 2:prefix_blocks])
+
+
+def test_a_junction_window_short_next_to_its_prefix_is_rated_a_junction():
+    assert junction_window_hints(4) == [JUNCTION, JUNCTION]  # 2 window blocks, prefix 4
+    assert junction_window_hints(7) == [JUNCTION, JUNCTION]
+
+
+def test_a_junction_window_as_long_as_half_its_prefix_or_more_is_not():
+    # rated a junction it would rank above the full-attention blocks it needs and
+    # outlive them, stranded
+    assert junction_window_hints(3) == [NORMAL_VALUE, NORMAL_VALUE]
+    assert junction_window_hints(2) == [NORMAL_VALUE, NORMAL_VALUE]

@@ -1,4 +1,12 @@
-"""Real `hybridkv serve` processes on 127.0.0.1 for the serving tests."""
+"""`hybridkv serve` / `hybridkv route` as real processes on 127.0.0.1, for the HTTP tests.
+
+`serve(MODEL, *args, log_dir=...)` and `ServerProcess(["route", ...], log_dir=...)`
+start the command on a free port (or `port`) and, unless `wait=False`, return
+once `/health` answers 200. Every test directory imports this module (tests/
+is on the path through tests/conftest.py).
+"""
+
+from __future__ import annotations
 
 import os
 import signal
@@ -15,44 +23,49 @@ START_TIMEOUT = 180.0
 
 
 class ServerProcess:
-    """`hybridkv serve MODEL ARGS...` as a subprocess; `url`, `log_text()`, `stop()`."""
+    """`hybridkv COMMAND ARGS... --port P` as a subprocess: `url`, `client()`,
+    `post`/`get` (with the API key), `metrics()`, `log_text()`, `stop()`."""
 
-    def __init__(self, model: str, *args: str, log_dir: Path, api_key: str | None = None,
-                 threads: int = 1) -> None:
-        self.port = free_port()
+    def __init__(self, command: list[str], *, log_dir: Path, port: int | None = None,
+                 api_key: str | None = None, wait: bool = True) -> None:
+        self.command = command
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
-        self.log_path = log_dir / f"server-{self.port}.log"
-        cmd = [sys.executable, "-m", "hybridkv.tools.cli", "serve", model, "--port",
-               str(self.port), "--threads", str(threads), *args]
+        self.log_path = log_dir / f"{command[0]}-{self.port}.log"
+        argv = [sys.executable, "-m", "hybridkv.tools.cli", *command, "--port", str(self.port)]
         if api_key is not None:
-            cmd += ["--api-key", api_key]
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+            argv += ["--api-key", api_key]
+        self._log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self._wait_healthy()
+        if wait:
+            self.wait_healthy()
 
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
+    def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
+        """Until `/health` answers 200; RuntimeError (with the log) if the process
+        exits first or `timeout` passes."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n"
-                                   f"{self.log_text()}")
+                raise RuntimeError(f"{self.command[0]} exited with {self.proc.returncode}:\n"
+                                   f"{self.log_text()[-3000:]}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"server not healthy within {START_TIMEOUT}s:\n{self.log_text()}")
+        raise RuntimeError(f"{self.command[0]} not healthy in {timeout}s:\n"
+                           f"{self.log_text()[-3000:]}")
 
     @property
     def headers(self) -> dict[str, str]:
         return {} if self.api_key is None else {"Authorization": f"Bearer {self.api_key}"}
 
     def client(self, **kwargs):
-        """The official openai client pointed at this server."""
+        """The official openai client pointed at this process."""
         import openai
 
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key or "unused",
@@ -67,7 +80,8 @@ class ServerProcess:
         return httpx.get(f"{self.url}{path}", headers=headers, timeout=30, **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics, parsed by prometheus-client: `name{labels}` -> value."""
+        """Every sample of /metrics, parsed by prometheus-client: `name{k=v,...}` -> value
+        (labels sorted, `model_name` left out)."""
         text = httpx.get(f"{self.url}/metrics", timeout=30).text
         out = {}
         for family in text_string_to_metric_families(text):
@@ -78,7 +92,8 @@ class ServerProcess:
         return out
 
     def wait_idle(self, timeout: float = 30.0) -> dict[str, float]:
-        """Poll /metrics until no request runs or waits and no block is held."""
+        """(A `serve` process) poll /metrics until no request runs or waits and no
+        block is held; the last metrics."""
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
@@ -94,7 +109,7 @@ class ServerProcess:
         return self.log_path.read_text()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        """Signal the server and wait for it to exit; its exit status."""
+        """Signal the process and wait for it to exit; its exit status."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -104,3 +119,18 @@ class ServerProcess:
                 self.proc.wait(10)
         self._log.close()
         return self.proc.returncode
+
+
+def serve(model: str, *args: str, log_dir: Path, threads: int = 1, **kwargs) -> ServerProcess:
+    """`hybridkv serve MODEL --threads N ARGS...` (kwargs: port, api_key, wait)."""
+    return ServerProcess(["serve", model, "--threads", str(threads), *args], log_dir=log_dir,
+                         **kwargs)
+
+
+def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    """Poll `predicate` every 50 ms; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
