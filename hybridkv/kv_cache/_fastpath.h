@@ -4,8 +4,8 @@
  * on the same block records, request lists, dicts and eviction-policy
  * objects as the pure-Python code, which stays the reference (see
  * hybridkv/kv_cache/fastpath.py). Per-type rules (ratings, retention,
- * protection) and the eviction policy are Python methods it calls; listeners
- * and subscribers make it take the Python path.
+ * protection), the eviction policy and eviction listeners are Python callables it
+ * calls; stale-block listeners and event subscribers make it take the Python path.
  */
 #ifndef HKV_FASTPATH_H
 #define HKV_FASTPATH_H
