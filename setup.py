@@ -35,6 +35,7 @@ CHAINHASH = Extension(
     sources=[os.path.join(_KV_CACHE, name)
              for name in ("_chainhash.c", "_sha256.c", "_hashmemo.c")],
     depends=[os.path.join(_KV_CACHE, "_sha256.h"), os.path.join(_KV_CACHE, "_hashmemo.h"),
+             os.path.join(_KV_CACHE, "_chainhash_api.h"),
              os.path.join(_KV_CACHE, "_vendor", "xxhash.h")],
     include_dirs=[_KV_CACHE],
     optional=True,
@@ -44,7 +45,7 @@ FASTPATH = Extension(
     sources=[os.path.join(_KV_CACHE, name) for name in (
         "_fp_module.c", "_fp_types.c", "_fp_request.c", "_fp_manager.c", "_fp_bind.c",
         "_fp_pool.c", "_fp_group.c", "_fp_release.c", "_fp_alloc.c", "_fp_lookup.c")],
-    depends=[os.path.join(_KV_CACHE, "_fastpath.h")],
+    depends=[os.path.join(_KV_CACHE, "_fastpath.h"), os.path.join(_KV_CACHE, "_chainhash_api.h")],
     include_dirs=[_KV_CACHE],
     optional=True,
 )

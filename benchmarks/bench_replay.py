@@ -81,7 +81,8 @@ def fill_pool(adapter: ManagerAdapter, num_cached: int) -> int:
 
 
 def print_row(config: str, row: dict, label: str = "") -> None:
-    calls = "  ".join(f"{c} {row[f'{c}_mean_us']:.2f}" for c in TIMED_CALLS if c != "preempt")
+    calls = "  ".join(f"{c} {row[f'{c}_mean_us']:.2f}" for c in TIMED_CALLS
+                      if c not in ("preempt", "new_step"))
     print(f"{config:6s}{label} req/s {row['requests_per_s']:9.1f} "
           f"(runs {row['all_requests_per_s']})  hit {row['hit_rate']:.4f}  "
           f"leak-free {row['leak_free']}\n       per call (us): {calls}", flush=True)

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_chainhash_api.h"
 #include "_hashmemo.h"
 #include "_sha256.h"
 
@@ -330,6 +331,15 @@ chain_cached(PyObject *Py_UNUSED(self), PyObject *args)
     return chain_args(args, MEMO_ON);
 }
 
+static PyObject *
+chain_for_api(int algo, const char *parent, Py_ssize_t parent_len, PyObject *seq,
+              Py_ssize_t first_token, Py_ssize_t num_blocks, Py_ssize_t block_size,
+              const char *extra, Py_ssize_t extra_len, int memo)
+{
+    return chain_impl(algo, parent, parent_len, seq, first_token, num_blocks, block_size, extra,
+                      extra_len, memo && MEMO_ON && algo == ALGO_SHA256);
+}
+
 PyDoc_STRVAR(chain_cached_doc,
 "chain_cached(algo_id, parent, token_ids, first_token, num_blocks, block_size, extra)\n"
 "\n"
@@ -433,9 +443,23 @@ static struct PyModuleDef chainhash_module = {
     .m_methods = chainhash_methods,
 };
 
+/* For other C extensions (hybridkv.kv_cache._fastpath): chain_impl as a function
+ * pointer in the capsule `_C_API`, so that extending a request's hashes needs no
+ * argument tuple. */
+static HkvChainApi chain_api = {chain_for_api, ALGO_SHA256};
+
 PyMODINIT_FUNC
 PyInit__chainhash(void)
 {
     hkv_sha256_init();
-    return PyModule_Create(&chainhash_module);
+    PyObject *module = PyModule_Create(&chainhash_module);
+    if (module == NULL)
+        return NULL;
+    PyObject *api = PyCapsule_New(&chain_api, HKV_CHAIN_API_NAME, NULL);
+    if (api == NULL || PyModule_AddObject(module, "_C_API", api) < 0) {
+        Py_XDECREF(api);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -4,8 +4,8 @@
  * on the same block records, request lists, dicts and eviction-policy
  * objects as the pure-Python code, which stays the reference (see
  * hybridkv/kv_cache/fastpath.py). Per-type rules (ratings, retention,
- * protection) and the eviction policy are Python methods it calls; listeners
- * and subscribers make it take the Python path.
+ * protection), the eviction policy and eviction listeners are Python callables it
+ * calls; stale-block listeners and event subscribers make it take the Python path.
  */
 #ifndef HKV_FASTPATH_H
 #define HKV_FASTPATH_H
@@ -16,16 +16,17 @@
 
 /* ---- block records (hybridkv.kv_cache.block_pool.Block) ------------------- */
 
-/* Every field is an object, as in a slotted Python class: Python reads and
- * writes them at the same cost as before; C converts the counts it needs
- * (small ints are cached singletons, so this costs a few ns). */
+/* The two counts C changes on every hit and release are C integers (Python
+ * reads and writes them as ints); the other fields are objects, as in a
+ * slotted Python class (C converts the few ints it needs: small ints are
+ * cached singletons). */
 typedef struct {
     PyObject_HEAD
     PyObject *block_id;
-    PyObject *ref_cnt;
+    Py_ssize_t ref_cnt;
     PyObject *block_hash;  /* None, or the bytes it caches */
     PyObject *group_id;
-    PyObject *num_hits;
+    Py_ssize_t num_hits;
     PyObject *value_hint;  /* a Rating */
     PyObject *queue_slot;
     PyObject *weakreflist;
@@ -151,7 +152,7 @@ extern PyTypeObject HKV_ManagerCoreType;
 /* ---- the paths (each file's entry points) ---------------------------------- */
 
 /* _fp_pool.c: BlockPool's operations on the bound pool (listeners: the Python methods) */
-PyObject *hkv_pool_take(Pool *pool, Py_ssize_t num_blocks);
+PyObject *hkv_pool_take(Pool *pool, Py_ssize_t num_blocks, int counted);
 int hkv_pool_touch(Pool *pool, PyObject *blocks);
 int hkv_pool_free(Pool *pool, PyObject *blocks, PyObject *requeue);
 int hkv_pool_cache(Pool *pool, Group *g, PyObject *blocks, PyObject *hashes,

@@ -6,23 +6,32 @@
  * 2. release skipped blocks (or adopt the hit), then new blocks per group;
  * 3. cache the full blocks the allocation covers, and set the request's
  *    fast-path limits. */
+#include "_chainhash_api.h"
 #include "_fastpath.h"
 
-/* Set by configure_hashing (hashing.py, on import): BlockHasher, _chainhash.chain,
- * the algorithm ids and the seeds. */
-static PyObject *hasher_type, *chain_fn, *algo_ids, *seeds;
+/* Set by configure_hashing (hashing.py, on import): BlockHasher, the hashing
+ * extension's C API, the algorithm ids and the seeds. */
+static PyObject *hasher_type, *algo_ids, *seeds, *hasher_kwnames;
+static HkvChainApi *chain_api;
 
 PyObject *
 hkv_configure_hashing(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    PyObject *type, *chain, *ids, *seed_map;
-    if (!PyArg_ParseTuple(args, "O!OO!O!:configure_hashing", &PyType_Type, &type, &chain,
+    PyObject *type, *capsule, *ids, *seed_map;
+    if (!PyArg_ParseTuple(args, "O!OO!O!:configure_hashing", &PyType_Type, &type, &capsule,
                           &PyDict_Type, &ids, &PyDict_Type, &seed_map))
         return NULL;
+    HkvChainApi *api = PyCapsule_GetPointer(capsule, HKV_CHAIN_API_NAME);
+    if (api == NULL)
+        return NULL;
+    chain_api = api;
     Py_XSETREF(hasher_type, Py_NewRef(type));
-    Py_XSETREF(chain_fn, Py_NewRef(chain));
     Py_XSETREF(algo_ids, Py_NewRef(ids));
     Py_XSETREF(seeds, Py_NewRef(seed_map));
+    if (hasher_kwnames == NULL)
+        hasher_kwnames = Py_BuildValue("(ssss)", "memo", "cache_salt", "lora_name", "mm_items");
+    if (hasher_kwnames == NULL)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -45,9 +54,12 @@ extend_plain(PyObject *hasher, PyObject *hashes, PyObject *algo, PyObject *token
     PyObject *id = rc == 0 && plain ? PyDict_GetItemWithError(algo_ids, algo) : NULL;
     PyObject *parent = first ? PyList_GET_ITEM(hashes, first - 1)
                              : (id ? PyDict_GetItemWithError(seeds, algo) : NULL);
-    if (id != NULL && parent != NULL) {
-        out = PyObject_CallFunction(chain_fn, "OOOnnnO", id, parent, tokens, first * bs,
-                                    last - first, bs, lora);
+    int algo_id = id ? (int)PyLong_AsLong(id) : -1;
+    if (id != NULL && parent != NULL && PyBytes_Check(parent) && PyBytes_Check(lora) &&
+        !PyErr_Occurred()) {
+        out = chain_api->chain(algo_id, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent),
+                               tokens, first * bs, last - first, bs, PyBytes_AS_STRING(lora),
+                               PyBytes_GET_SIZE(lora), 1);
         rc = out == NULL || PyList_SetSlice(hashes, first, first, out) < 0 ? -1 : 1;
     }
     if (rc == 0 && PyErr_Occurred())
@@ -66,7 +78,8 @@ hasher_hashes(ManagerObject *self, RequestObject *r)
 {
     PyObject *hasher = r->hasher, *tokens = r->all_token_ids;
     if (hasher == NULL || hasher_type == NULL || !Py_IS_TYPE(hasher, (PyTypeObject *)hasher_type)
-        || tokens == NULL || !PyList_CheckExact(tokens))
+        || tokens == NULL || !PyList_CheckExact(tokens) ||
+        Py_TYPE(r) != (PyTypeObject *)self->request_type)  /* a subclass may hash otherwise */
         return NULL;
     PyObject *bs = attr(hasher, block_size), *algo = bs ? attr(hasher, hash_algo) : NULL;
     PyObject *hashes = algo ? attr(hasher, hashes) : NULL;
@@ -86,11 +99,40 @@ hasher_hashes(ManagerObject *self, RequestObject *r)
     return NULL;
 }
 
+/* Request.block_hashes' first step for a request with no hasher yet:
+ * req.hasher = BlockHasher(hash_algo, block_size, memo=True, cache_salt=...,
+ * lora_name=..., mm_items=...). -1 on error. */
+static int
+new_hasher(ManagerObject *self, RequestObject *r)
+{
+    PyObject *req = (PyObject *)r;
+    PyObject *salt = PyObject_GetAttr(req, hkv_names.cache_salt);
+    PyObject *lora = salt ? PyObject_GetAttr(req, hkv_names.lora_name) : NULL;
+    PyObject *mm = lora ? PyObject_GetAttr(req, hkv_names.mm_hashes) : NULL;
+    PyObject *hasher = NULL;
+    if (mm != NULL) {
+        PyObject *args[] = {self->hash_algo, self->hash_block_size, Py_True, salt, lora, mm};
+        hasher = PyObject_Vectorcall(hasher_type, args, 2, hasher_kwnames);
+    }
+    Py_XDECREF(salt);
+    Py_XDECREF(lora);
+    Py_XDECREF(mm);
+    if (hasher == NULL)
+        return -1;
+    Py_XSETREF(r->hasher, hasher);
+    return 0;
+}
+
 /* request.block_hashes(hash_algo, hash_block_size) (a list). */
 PyObject *
 hkv_block_hashes(ManagerObject *self, PyObject *req)
 {
-    PyObject *hashes = hasher_hashes(self, (RequestObject *)req);
+    RequestObject *r = (RequestObject *)req;
+    if ((r->hasher == NULL || r->hasher == Py_None) && hasher_type != NULL &&
+        hasher_kwnames != NULL && Py_TYPE(r) == (PyTypeObject *)self->request_type &&
+        new_hasher(self, r) < 0)
+        return NULL;
+    PyObject *hashes = hasher_hashes(self, r);
     if (hashes != NULL || PyErr_Occurred())
         return hashes;
     PyObject *args[] = {req, self->hash_algo, self->hash_block_size};

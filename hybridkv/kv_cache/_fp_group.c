@@ -18,10 +18,7 @@ num_with_ref(PyObject *seq, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t ref, PyObje
             return -1;
         }
         BlockObject *b = BLOCK(item);
-        Py_ssize_t r = hkv_field(b->ref_cnt);
-        if (FAILED(r))
-            return -1;
-        count += r == ref;
+        count += b->ref_cnt == ref;
     }
     return count;
 }
@@ -227,7 +224,7 @@ mamba_allocate_into(Pool *pool, Group *g, PyObject *req, PyObject *blocks, Py_ss
         new_blocks = PyList_New(0);
         goto done;
     }
-    new_blocks = hkv_pool_take(pool, num_ckpt + (live == NULL));
+    new_blocks = hkv_pool_take(pool, num_ckpt + (live == NULL), 1);
     if (new_blocks == NULL)
         goto done;
     if (live == NULL)
@@ -259,7 +256,7 @@ allocate_into(Pool *pool, Group *g, PyObject *blocks, Py_ssize_t num_tokens)
     Py_ssize_t need = CDIV(num_tokens, g->block_size) - PyList_GET_SIZE(blocks);
     if (need <= 0)
         return PyList_New(0);
-    PyObject *new_blocks = hkv_pool_take(pool, need);
+    PyObject *new_blocks = hkv_pool_take(pool, need, 1);
     if (new_blocks == NULL)
         return NULL;
     Py_ssize_t end = PyList_GET_SIZE(blocks);

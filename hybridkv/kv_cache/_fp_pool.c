@@ -75,7 +75,10 @@ hkv_add_to_attr(PyObject *obj, PyObject *name, Py_ssize_t delta)
     return rc;
 }
 
-/* One block taken for new data: drop what it cached, hold it once. */
+enum { MAX_COUNTED_GROUPS = 16 };
+
+/* One block taken for new data: drop what it cached (counted per group in
+ * `evicted`, or straight into group_evictions past MAX_COUNTED_GROUPS), hold it once. */
 static int
 reset_taken(Pool *pool, BlockObject *b, Py_ssize_t *evicted)
 {
@@ -83,17 +86,32 @@ reset_taken(Pool *pool, BlockObject *b, Py_ssize_t *evicted)
         Py_ssize_t group = hkv_field(b->group_id);
         if (group == -1 && PyErr_Occurred())
             return -1;
-        if (hkv_add_to_item(pool->group_evictions, group, 1) < 0 || drop_hash(pool, b, group) < 0)
+        if (drop_hash(pool, b, group) < 0)
             return -1;
-        (*evicted)++;
+        if (group < MAX_COUNTED_GROUPS)
+            evicted[group]++;
+        else if (hkv_add_to_item(pool->group_evictions, group, 1) < 0)
+            return -1;
+        evicted[MAX_COUNTED_GROUPS]++;
     }
-    if (hkv_set_field(&b->ref_cnt, 1) < 0 || hkv_set_field(&b->num_hits, 0) < 0)
-        return -1;
+    b->ref_cnt = 1;
+    b->num_hits = 0;
     Py_SETREF(b->value_hint, Py_NewRef(hkv_normal_value));
     return 0;
 }
 
-/* BlockPool.get_new_blocks: a new list of num_blocks blocks, each held once. */
+/* The evictions of one take into group_evictions and num_evictions. */
+static int
+count_evictions(Pool *pool, Py_ssize_t *evicted)
+{
+    if (evicted[MAX_COUNTED_GROUPS] == 0)
+        return 0;
+    for (Py_ssize_t g = 0; g < MAX_COUNTED_GROUPS; g++)
+        if (evicted[g] && hkv_add_to_item(pool->group_evictions, g, evicted[g]) < 0)
+            return -1;
+    return hkv_add_to_attr(pool->pool, hkv_names.num_evictions, evicted[MAX_COUNTED_GROUPS]);
+}
+
 /* BlockPool._notify_evict: the eviction listeners get the blocks taken that
  * cache data (or all of them, when every listener skips empty ones itself). */
 static int
@@ -130,13 +148,16 @@ notify_evict(Pool *pool, PyObject *blocks)
     return rc;
 }
 
+/* BlockPool.get_new_blocks: a new list of num_blocks blocks, each held once.
+ * `counted`: the caller knows that many are free (an allocation that fit), so the
+ * free count is not read again. */
 PyObject *
-hkv_pool_take(Pool *pool, Py_ssize_t num_blocks)
+hkv_pool_take(Pool *pool, Py_ssize_t num_blocks, int counted)
 {
     if (listening(pool->stale_listeners) || listening(pool->subscribers))
         return hkv_call(pool->pool, hkv_names.get_new_blocks,
                         (PyObject *[]){HKV_N(num_blocks)}, 1);
-    Py_ssize_t num_free = hkv_pool_num_free(pool);
+    Py_ssize_t num_free = counted ? num_blocks : hkv_pool_num_free(pool);
     if (num_free < 0)
         return NULL;
     if (num_blocks > num_free)
@@ -159,11 +180,11 @@ hkv_pool_take(Pool *pool, Py_ssize_t num_blocks)
     }
     if (listening(pool->evict_listeners) && notify_evict(pool, blocks) < 0)
         goto fail;
-    Py_ssize_t evicted = 0;
+    Py_ssize_t evicted[MAX_COUNTED_GROUPS + 1] = {0};  /* per group, then the total */
     for (Py_ssize_t i = 0; i < num_blocks; i++)
-        if (reset_taken(pool, BLOCK(PyList_GET_ITEM(blocks, i)), &evicted) < 0)
+        if (reset_taken(pool, BLOCK(PyList_GET_ITEM(blocks, i)), evicted) < 0)
             goto fail;
-    if (evicted && hkv_add_to_attr(pool->pool, hkv_names.num_evictions, evicted) < 0)
+    if (count_evictions(pool, evicted) < 0)
         goto fail;
     return blocks;
 fail:
@@ -175,39 +196,34 @@ fail:
 int
 hkv_pool_touch(Pool *pool, PyObject *blocks)
 {
-    PyObject *queued = PyList_New(0);
-    if (queued == NULL)
-        return -1;
+    PyObject *queued = NULL;  /* made when a free block is hit (others hold most hits) */
     Py_ssize_t n = PyList_GET_SIZE(blocks);
     for (Py_ssize_t i = 0; i < n; i++) {
         BlockObject *b = block_at(blocks, i);
         if (b == NULL)
             goto fail;
-        Py_ssize_t ref = hkv_field(b->ref_cnt);
-        if (ref == -1 && PyErr_Occurred())
-            goto fail;
+        Py_ssize_t ref = b->ref_cnt;
         if (ref == 0) {
             if ((PyObject *)b == pool->null_block)
                 continue;
-            if (PyList_Append(queued, (PyObject *)b) < 0)
+            if ((queued == NULL && (queued = PyList_New(0)) == NULL) ||
+                PyList_Append(queued, (PyObject *)b) < 0)
                 goto fail;
         }
-        Py_ssize_t hits = hkv_field(b->num_hits);
-        if ((hits == -1 && PyErr_Occurred()) || hkv_set_field(&b->ref_cnt, ref + 1) < 0 ||
-            hkv_set_field(&b->num_hits, hits + 1) < 0)
-            goto fail;
+        b->ref_cnt = ref + 1;
+        b->num_hits++;
     }
-    if (PyList_GET_SIZE(queued)) {
+    if (queued != NULL) {
         PyObject *out = PyObject_CallMethodOneArg(pool->free_queue, hkv_names.remove_blocks,
                                                   queued);
         if (out == NULL)
             goto fail;
         Py_DECREF(out);
     }
-    Py_DECREF(queued);
+    Py_XDECREF(queued);
     return 0;
 fail:
-    Py_DECREF(queued);
+    Py_XDECREF(queued);
     return -1;
 }
 
@@ -236,10 +252,8 @@ hkv_pool_free(Pool *pool, PyObject *blocks, PyObject *requeue)
             goto fail;
         if ((PyObject *)b == pool->null_block)
             continue;
-        Py_ssize_t ref = hkv_field(b->ref_cnt);
-        if ((ref == -1 && PyErr_Occurred()) || hkv_set_field(&b->ref_cnt, ref - 1) < 0)
-            goto fail;
-        if (ref - 1 == 0 && PyList_Append(freed, (PyObject *)b) < 0)
+        Py_ssize_t ref = --b->ref_cnt;
+        if (ref == 0 && PyList_Append(freed, (PyObject *)b) < 0)
             goto fail;
     }
     if (has_requeue && pool->uses_hints) {
@@ -269,13 +283,8 @@ fail:
 static int
 note_recompute(Pool *pool, BlockObject *b)
 {
-    Py_ssize_t hits = hkv_field(b->num_hits);
-    if ((hits == -1 && PyErr_Occurred()) || hkv_set_field(&b->num_hits, hits + 1) < 0)
-        return -1;
-    Py_ssize_t ref = hkv_field(b->ref_cnt);
-    if (ref == -1 && PyErr_Occurred())
-        return -1;
-    if (ref == 0) {
+    b->num_hits++;
+    if (b->ref_cnt == 0) {
         PyObject *out = PyObject_CallMethodOneArg(pool->free_queue, hkv_names.hint_changed,
                                                   (PyObject *)b);
         if (out == NULL)

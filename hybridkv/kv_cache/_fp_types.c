@@ -14,10 +14,8 @@ block_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwd
     if (self == NULL)
         return NULL;
     self->block_id = PyLong_FromLong(0);
-    self->ref_cnt = PyLong_FromLong(0);
     self->block_hash = Py_NewRef(Py_None);
     self->group_id = PyLong_FromLong(-1);
-    self->num_hits = PyLong_FromLong(0);
     self->value_hint = Py_NewRef(hkv_normal_value ? hkv_normal_value : Py_None);
     self->queue_slot = PyLong_FromLong(-1);
     return (PyObject *)self;
@@ -40,10 +38,8 @@ block_dealloc(BlockObject *self)
     if (self->weakreflist != NULL)
         PyObject_ClearWeakRefs((PyObject *)self);
     Py_XDECREF(self->block_id);
-    Py_XDECREF(self->ref_cnt);
     Py_XDECREF(self->block_hash);
     Py_XDECREF(self->group_id);
-    Py_XDECREF(self->num_hits);
     Py_XDECREF(self->value_hint);
     Py_XDECREF(self->queue_slot);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -68,7 +64,7 @@ block_repr(BlockObject *self)
         if (h == NULL)
             return NULL;
     }
-    PyObject *out = PyUnicode_FromFormat("Block(%S, ref=%S, hash=%S)", self->block_id,
+    PyObject *out = PyUnicode_FromFormat("Block(%S, ref=%zd, hash=%S)", self->block_id,
                                          self->ref_cnt, h);
     Py_DECREF(h);
     return out;
@@ -76,10 +72,10 @@ block_repr(BlockObject *self)
 
 static PyMemberDef block_members[] = {
     {"block_id", T_OBJECT_EX, offsetof(BlockObject, block_id), 0, NULL},
-    {"ref_cnt", T_OBJECT_EX, offsetof(BlockObject, ref_cnt), 0, NULL},
+    {"ref_cnt", T_PYSSIZET, offsetof(BlockObject, ref_cnt), 0, NULL},
     {"block_hash", T_OBJECT_EX, offsetof(BlockObject, block_hash), 0, NULL},
     {"group_id", T_OBJECT_EX, offsetof(BlockObject, group_id), 0, NULL},
-    {"num_hits", T_OBJECT_EX, offsetof(BlockObject, num_hits), 0, NULL},
+    {"num_hits", T_PYSSIZET, offsetof(BlockObject, num_hits), 0, NULL},
     {"value_hint", T_OBJECT_EX, offsetof(BlockObject, value_hint), 0, NULL},
     {"queue_slot", T_OBJECT_EX, offsetof(BlockObject, queue_slot), 0, NULL},
     {NULL},

@@ -205,15 +205,18 @@ class BlockHasher:
                  lora_name: str | None = None,
                  mm_items: Sequence[MultiModalItem] | None = None, memo: bool = False) -> None:
         self._chain = _chain_cached if memo else _chain
-        self.hash_algo = check_hash_algo(hash_algo)
-        check_int("block_size", block_size, 1)
+        # (the checks inline for the usual arguments: one hasher per request)
+        self.hash_algo = hash_algo if type(hash_algo) is str and hash_algo in _DIGESTS \
+            else check_hash_algo(hash_algo)
+        if type(block_size) is not int or block_size < 1:
+            check_int("block_size", block_size, 1)
         self.block_size = block_size
         self.hashes: list[BlockHash] = []
         self._digest = _DIGESTS[hash_algo]
         self._salt = (b"" if cache_salt is None
                       else _field(b"S", _as_bytes("cache_salt", cache_salt)))
         self._lora = b"" if lora_name is None else _field(b"L", _as_bytes("lora_name", lora_name))
-        self._mm = check_mm_items(mm_items)
+        self._mm = check_mm_items(mm_items) if mm_items else ()
 
     def extend(self, token_ids: Sequence[int]) -> list[BlockHash]:
         """Hash every full block of `token_ids` not hashed yet; return all hashes."""
@@ -353,5 +356,6 @@ def max_token_id(token_ids: Sequence[int]) -> int:
     return max(token_ids)
 
 
-if _fastpath is not None and _chainhash is not None:  # requests' hashes extend in C
-    _fastpath.configure_hashing(BlockHasher, _chain_cached, _ALGO_IDS, _SEEDS)
+if _fastpath is not None and getattr(_chainhash, "_C_API", None) is not None:
+    # requests' hashes extend in C, straight through the hashing extension's C API
+    _fastpath.configure_hashing(BlockHasher, _chainhash._C_API, _ALGO_IDS, _SEEDS)

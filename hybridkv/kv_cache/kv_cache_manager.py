@@ -322,7 +322,7 @@ class KVCacheManager(ManagerBase):
         """
         if not isinstance(request, Request):
             raise ValueError(f"request must be a Request, got {type(request).__name__}")
-        held = self._held_entry("free", request.request_id)
+        held = self._held.get(request.request_id) or self._held_entry("free", request.request_id)
         if held.request is not request:
             raise ValueError(f"free: request id {request.request_id!r} is held by another "
                              f"Request object; free that one")
