@@ -298,12 +298,13 @@ evict(LruTable *t)
 
 /* ---- argument helpers ---------------------------------------------------------- */
 
-/* A new list of the items, each checked to be bytes (exactly bytes for
+/* A list of the items (a new reference), each checked to be bytes (exactly bytes for
  * `exact`: values are freed by the table, which must run no code); NULL on error */
 static PyObject *
 bytes_list_of(PyObject *seq, const char *what, int exact)
 {
-    PyObject *list = PySequence_List(seq);
+    /* a list is used as it is (no method here runs code that could change it) */
+    PyObject *list = PyList_CheckExact(seq) ? Py_NewRef(seq) : PySequence_List(seq);
     if (!list)
         return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
