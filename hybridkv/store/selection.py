@@ -81,6 +81,7 @@ class Selection:
                        if select == "hybrid" and not self.always[g]
                        and isinstance(m.spec, MambaSpec)]
         noted = {g for g, _, _ in self._noted}
+        self.notes_prompts = bool(noted)  # (whether `note_prompt` does anything)
         self.tails: list[Any] = [new_tail_set(MAX_TAIL_HASHES) if g in noted else None
                                  for g in range(len(managers))]
 
