@@ -60,7 +60,6 @@ class TieredAdapter(ManagerAdapter):
         kwargs = {"eviction_policy": eviction_policy} if eviction_policy else {}
         super().__init__(KVCacheManager(config, **kwargs))
         self.flush_each_lookup = flush_each_lookup
-        self.wait = False
         self.tier = None
         if tier_blocks:
             pages = SimulatedPages(config.num_blocks, len(config.kv_cache_groups), PAGE_BYTES)
@@ -70,22 +69,23 @@ class TieredAdapter(ManagerAdapter):
 
     def lookup(self, req: Request) -> int:
         blocks, num_cached = self.manager.get_computed_blocks(req)
-        self.wait = False
         if self.tier is not None:  # (as the engine's scheduler: wait while others hold blocks)
             self.tier.before_step()
             if self.flush_each_lookup:
                 self.tier.flush()
-            blocks, num_cached, _, self.wait = self.tier.extend_hit(
+            blocks, num_cached, _, wait = self.tier.extend_hit(
                 req, blocks, num_cached, MAX_BATCHED_TOKENS, can_wait=self.manager.usage > 0)
+            if wait:  # the store holds a longer hit than fits now: the admission waits
+                self.allocate = self._wait  # type: ignore[method-assign]
         self._hits[req.request_id] = (blocks, num_cached)
         return num_cached
 
-    def allocate(self, req: Request, num_tokens: int) -> bool:
-        if self.wait:  # the store holds a longer hit than fits now: admit it later
-            self._hits.pop(req.request_id, None)
-            self.wait = False
-            return False
-        return super().allocate(req, num_tokens)
+    def _wait(self, req: Request, num_tokens: int) -> bool:
+        """The next allocation (this admission's) is refused: admit it later. (Set
+        only then, so that every other allocation goes straight to the manager.)"""
+        del self.allocate
+        self._hits.pop(req.request_id, None)
+        return False
 
 
 def run_row(name: str, config: str, tier: int, select: str, quick: bool) -> dict:

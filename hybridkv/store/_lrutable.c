@@ -298,12 +298,13 @@ evict(LruTable *t)
 
 /* ---- argument helpers ---------------------------------------------------------- */
 
-/* A new list of the items, each checked to be bytes (exactly bytes for
+/* A list of the items (a new reference), each checked to be bytes (exactly bytes for
  * `exact`: values are freed by the table, which must run no code); NULL on error */
 static PyObject *
 bytes_list_of(PyObject *seq, const char *what, int exact)
 {
-    PyObject *list = PySequence_List(seq);
+    /* a list is used as it is (no method here runs code that could change it) */
+    PyObject *list = PyList_CheckExact(seq) ? Py_NewRef(seq) : PySequence_List(seq);
     if (!list)
         return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
@@ -514,8 +515,13 @@ lru_put_pages(LruTable *t, PyObject *args)
     PyObject *layout, *prefix, *hashes, *ids, *views;
     if (!PyArg_ParseTuple(args, "OOOOO", &layout, &prefix, &hashes, &ids, &views))
         return NULL;
-    PyObject *head = PyObject_GetAttrString(layout, "header_start");
-    PyObject *layer_bytes = head ? PyObject_GetAttrString(layout, "layer_bytes") : NULL;
+    static PyObject *header_start_name, *layer_bytes_name;
+    if (!header_start_name && !(header_start_name = PyUnicode_InternFromString("header_start")))
+        return NULL;
+    if (!layer_bytes_name && !(layer_bytes_name = PyUnicode_InternFromString("layer_bytes")))
+        return NULL;
+    PyObject *head = PyObject_GetAttr(layout, header_start_name);
+    PyObject *layer_bytes = head ? PyObject_GetAttr(layout, layer_bytes_name) : NULL;
     PyObject *inner = layer_bytes ? PyTuple_Pack(6, head, prefix, hashes, ids, views,
                                                  layer_bytes) : NULL;
     PyObject *result = inner ? lru_put_from_pages(t, inner) : NULL;

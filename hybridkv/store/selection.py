@@ -81,6 +81,7 @@ class Selection:
                        if select == "hybrid" and not self.always[g]
                        and isinstance(m.spec, MambaSpec)]
         noted = {g for g, _, _ in self._noted}
+        self.notes_prompts = bool(noted)  # (whether `note_prompt` does anything)
         self.tails: list[Any] = [new_tail_set(MAX_TAIL_HASHES) if g in noted else None
                                  for g in range(len(managers))]
 
@@ -101,7 +102,8 @@ class Selection:
         keeps the windows of its prompt's tail, a chunked group rates nothing)."""
         for g, m, tail in self._noted:
             end = request.num_prompt_tokens // m.block_size
-            self.tails[g].update(m.group_hashes(hashes, end)[max(0, end - tail):])
+            stride = m.stride  # (the group's block i is hash (i + 1) * stride - 1)
+            self.tails[g].update(hashes[(max(0, end - tail) + 1) * stride - 1:end * stride:stride])
 
 
 def _reach_blocks(spec: KVCacheSpec) -> int:

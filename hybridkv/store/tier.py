@@ -88,6 +88,9 @@ class KVTier:
         # (group, hash, block id) of blocks cached since `after_step` (write-through)
         self._computed: list[tuple[int, bytes, int]] = []
         self._importing = False
+        self._align = kv.coordinator.alignment
+        self._closed = [(g, m) for g, m in enumerate(self.managers) if m.downward_closed]
+        self._noting = self.selection.notes_prompts
         self._host_views = [getattr(pages, "host_views", lambda g: None)(g)
                             for g in range(len(self.managers))]
         self._max_block_bytes = max(layout.data_bytes for layout in self.layouts)
@@ -112,13 +115,13 @@ class KVTier:
         free blocks) instead of giving it up for a recompute.
         """
         kv = self.kv
-        align = kv.coordinator.alignment
-        limit = (request.num_tokens - 1) // align * align
         pool_hit = TierHit(blocks, num_tokens, 0, False)
         if not kv.enable_caching:
             return pool_hit
         hashes = request.block_hashes(kv.hash_algo, kv.hash_block_size)
-        self.selection.note_prompt(request, hashes)
+        if self._noting:
+            self.selection.note_prompt(request, hashes)
+        limit = (request.num_tokens - 1) // self._align * self._align
         if num_tokens >= limit:
             return pool_hit
         self._stats.lookups += 1
@@ -154,15 +157,15 @@ class KVTier:
         take the hit past `num_pool_tokens`."""
         upper = limit
         found: list[set[bytes]] = [set() for _ in self.managers]
-        for g, m in enumerate(self.managers):
-            if not m.downward_closed:
-                continue
-            group_hashes = m.group_hashes(hashes, limit // m.block_size)
+        for g, m in self._closed:
             # the pool's hit holds the blocks before num_pool_tokens
-            reach = self._reach(g, group_hashes, num_pool_tokens // m.block_size, found[g]) \
-                if m.accepts_lookup else num_pool_tokens // m.block_size
+            start = num_pool_tokens // m.block_size
+            reach = self._reach(g, m.group_hashes(hashes, limit // m.block_size), start,
+                                found[g]) if m.accepts_lookup else start
             upper = min(upper, reach * m.block_size)
-        upper = upper // self.kv.coordinator.alignment * self.kv.coordinator.alignment
+            if upper <= num_pool_tokens:
+                return None
+        upper = upper // self._align * self._align
         if upper <= num_pool_tokens:
             return None
         self._find_others(hashes, upper, found)
