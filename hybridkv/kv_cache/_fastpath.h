@@ -102,6 +102,7 @@ typedef struct {
     PyObject *manager;
     int kind;
     int skips;           /* its blocks can be released before the request ends */
+    int shares;          /* it takes cached blocks for data it recomputes */
     int rates;           /* it rates released blocks (rate_released is not a no-op) */
     int retains;         /* it has a Retention */
     int protects;        /* it has a Protection */
@@ -172,6 +173,10 @@ int hkv_group_prepare(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, 
                       Py_ssize_t junction);
 PyObject *hkv_group_allocate(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,
                              Py_ssize_t num_tokens);
+int hkv_group_shared_held(Group *g, PyObject *req, PyObject *hit, Py_ssize_t num_tokens,
+                          PyObject **hashes, ManagerObject *m, Py_ssize_t *held);
+int hkv_group_share(Pool *pool, Group *g, PyObject *req, Py_ssize_t num_tokens,
+                    PyObject **hashes, ManagerObject *m);
 int hkv_group_cache(Pool *pool, Group *g, PyObject *req, PyObject **hashes, ManagerObject *m,
                     Py_ssize_t num_tokens);
 int hkv_group_limits(Group *g, PyObject *req, Py_ssize_t *max_tokens, Py_ssize_t *max_computed);
@@ -215,7 +220,7 @@ typedef struct {
     PyObject *requests, *queries, *hits, *stranded_tokens, *group_hits, *num_evictions;
     PyObject *hash_algo, *block_size, *hashes, *num_computed_tokens;
     PyObject *group_id, *stride, *num_kept_head_blocks, *enable_caching, *req_to_blocks;
-    PyObject *num_cached_blocks, *num_skipped, *skips, *spec, *sliding_window;
+    PyObject *num_cached_blocks, *num_skipped, *skips, *shares, *spec, *sliding_window;
     PyObject *num_window_blocks, *attention_chunk_size, *checkpoint_interval;
     PyObject *free_queue, *null_block, *cached, *subscribers, *evict_listeners;
     PyObject *stale_listeners, *group_evictions, *uses_hints, *evicted, *filter_evicted;

@@ -158,15 +158,17 @@ hit_of(PyObject *hit, Py_ssize_t g)
 /* Step 1: whether the pool can supply the allocation now (0: refused, -1: error). */
 static int
 fits(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_tokens,
-     PyObject *hit)
+     PyObject *hit, PyObject **hashes)
 {
     Py_ssize_t need = 0;
     for (Py_ssize_t g = 0; g < self->num_groups; g++) {
-        Py_ssize_t n;
+        Py_ssize_t n, shared;
         if (hkv_group_need(&self->pool, &self->groups[g], held->request, computed, num_tokens,
-                           hit_of(hit, g), held->junction, &n) < 0)
+                           hit_of(hit, g), held->junction, &n) < 0 ||
+            hkv_group_shared_held(&self->groups[g], held->request, hit_of(hit, g), num_tokens,
+                                  hashes, self, &shared) < 0)
             return -1;
-        need += n;
+        need += n - shared;
     }
     if (need <= 0)
         return 1;
@@ -187,7 +189,7 @@ fits(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_
 /* Step 2: release or adopt, then take new blocks; a new tuple of new-block lists. */
 static PyObject *
 commit(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_tokens,
-       PyObject *hit, int releases)
+       PyObject *hit, int releases, PyObject **hashes)
 {
     PyObject *req = held->request;
     for (Py_ssize_t g = 0; g < self->num_groups; g++) {
@@ -200,6 +202,10 @@ commit(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t nu
         if (rc < 0)
             return NULL;
     }
+    /* every group's shared blocks leave the free queue before any group evicts */
+    for (Py_ssize_t g = 0; g < self->num_groups; g++)
+        if (hkv_group_share(&self->pool, &self->groups[g], req, num_tokens, hashes, self) < 0)
+            return NULL;
     PyObject *out = PyTuple_New(self->num_groups);
     for (Py_ssize_t g = 0; out != NULL && g < self->num_groups; g++) {
         PyObject *blocks = hkv_group_allocate(&self->pool, &self->groups[g], req, computed,
@@ -214,16 +220,15 @@ commit(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t nu
 
 /* Step 3: cache full blocks; the request's fast-path limits. */
 static int
-cache_and_limit(ManagerObject *self, HeldObject *held, Py_ssize_t num_tokens)
+cache_and_limit(ManagerObject *self, HeldObject *held, Py_ssize_t num_tokens, PyObject **hashes)
 {
-    PyObject *hashes = NULL;
     Py_ssize_t max_tokens = HKV_UNLIMITED, max_computed = HKV_UNLIMITED;
     int rc = 0;
     for (Py_ssize_t g = 0; g < self->num_groups && rc == 0; g++) {
         Group *group = &self->groups[g];
         Py_ssize_t tokens, computed;
         if (self->caching)
-            rc = hkv_group_cache(&self->pool, group, held->request, &hashes, self, num_tokens);
+            rc = hkv_group_cache(&self->pool, group, held->request, hashes, self, num_tokens);
         if (rc == 0)
             rc = hkv_group_limits(group, held->request, &tokens, &computed);
         if (rc == 0 && tokens < max_tokens)
@@ -231,7 +236,6 @@ cache_and_limit(ManagerObject *self, HeldObject *held, Py_ssize_t num_tokens)
         if (rc == 0 && computed < max_computed)
             max_computed = computed;
     }
-    Py_XDECREF(hashes);
     held->max_tokens = max_tokens;
     held->max_computed = max_computed;
     return rc;
@@ -260,15 +264,21 @@ hkv_allocate(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssiz
         PyErr_SetString(PyExc_ValueError, "a hit must have one list of blocks per group");
         return NULL;
     }
-    int ok = fits(self, held, computed, num_tokens, hit);
-    if (ok <= 0)
+    PyObject *hashes = NULL;  /* the request's block hashes, fetched when first needed */
+    int ok = fits(self, held, computed, num_tokens, hit, &hashes);
+    if (ok <= 0) {
+        Py_XDECREF(hashes);
         return ok < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *new_blocks = commit(self, held, computed, num_tokens, hit, releases);
-    if (new_blocks == NULL)
+    }
+    PyObject *new_blocks = commit(self, held, computed, num_tokens, hit, releases, &hashes);
+    if (new_blocks == NULL) {
+        Py_XDECREF(hashes);
         return NULL;
+    }
     RequestObject *req = (RequestObject *)held->request;
-    if (cache_and_limit(self, held, num_tokens) < 0 ||
-        PyDict_SetItem(self->held, req->request_id, (PyObject *)held) < 0) {
+    int rc = cache_and_limit(self, held, num_tokens, &hashes);
+    Py_XDECREF(hashes);
+    if (rc < 0 || PyDict_SetItem(self->held, req->request_id, (PyObject *)held) < 0) {
         Py_DECREF(new_blocks);
         return NULL;
     }

@@ -82,6 +82,7 @@ hkv_group_bind(Group *g, PyObject *manager, int kind, PyObject *pool_cached)
         get_size(manager, hkv_names.num_kept_head_blocks, &g->kept_head) < 0 ||
         get_flag(manager, hkv_names.enable_caching, &g->caching) < 0 ||
         get_flag(manager, hkv_names.skips, &g->skips) < 0 ||
+        get_flag(manager, hkv_names.shares, &g->shares) < 0 ||
         has_component(manager, hkv_names.retention, &g->retains) < 0 ||
         has_component(manager, hkv_names.protection, &g->protects) < 0 ||
         get_typed(manager, hkv_names.req_to_blocks, &PyDict_Type, &g->req_to_blocks) < 0 ||

@@ -265,6 +265,120 @@ allocate_into(Pool *pool, Group *g, PyObject *blocks, Py_ssize_t num_tokens)
     return new_blocks;
 }
 
+/* ---- sharing cached blocks of recomputed data (managers/base.py `shared_run`) ---- */
+
+static int
+shares(Group *g)
+{
+    return g->caching && g->shares && g->kind != KIND_MAMBA;
+}
+
+/* Positions `share` may fill: from the request's (or the hit's) end up to the
+ * blocks `num_tokens` need, full blocks of its known tokens only. Their count. */
+static Py_ssize_t
+share_span(Group *g, PyObject *req, PyObject *hit, Py_ssize_t num_tokens, Py_ssize_t *first)
+{
+    PyObject *blocks = hit != NULL && PyList_GET_SIZE(hit) ? hit : blocks_of(g, req);
+    PyObject *tokens = ((RequestObject *)req)->all_token_ids;
+    *first = blocks != NULL ? PyList_GET_SIZE(blocks) : 0;
+    if (blocks == NULL && PyErr_Occurred())
+        return -1;
+    Py_ssize_t known = tokens == NULL ? 0 : PyObject_Length(tokens);
+    if (known < 0)
+        return -1;
+    Py_ssize_t end = CDIV(num_tokens, g->block_size);
+    if (end > known / g->block_size)
+        end = known / g->block_size;
+    return end > *first ? end - *first : 0;
+}
+
+/* The cached blocks of positions first .. first + count - 1, up to the first
+ * one not cached: a new list. */
+static PyObject *
+shared_run(Group *g, PyObject *hashes, Py_ssize_t first, Py_ssize_t count)
+{
+    Py_ssize_t end = PyList_GET_SIZE(hashes) / g->stride;
+    if (end > first + count)
+        end = first + count;
+    PyObject *run = PyList_New(0);
+    for (Py_ssize_t i = first; run != NULL && i < end; i++) {
+        PyObject *h = PyList_GET_ITEM(hashes, (i + 1) * g->stride - 1);
+        PyObject *block = PyDict_GetItemWithError(g->table, h);
+        if (block == NULL) {
+            if (PyErr_Occurred())
+                Py_CLEAR(run);
+            break;
+        }
+        if (!PyObject_TypeCheck(block, &HKV_BlockType)) {
+            PyErr_Format(PyExc_TypeError, "expected a Block, got %R", block);
+            Py_CLEAR(run);
+        }
+        else if (PyList_Append(run, block) < 0)
+            Py_CLEAR(run);
+    }
+    return run;
+}
+
+/* The run `share` would take, or NULL with *run_out NULL when there is none. */
+static int
+find_run(Group *g, PyObject *req, PyObject *hit, Py_ssize_t num_tokens, PyObject **hashes,
+         ManagerObject *m, PyObject **run_out, Py_ssize_t *first)
+{
+    *run_out = NULL;
+    if (!shares(g))
+        return 0;
+    Py_ssize_t count = share_span(g, req, hit, num_tokens, first);
+    if (count <= 0)
+        return count < 0 ? -1 : 0;
+    if (*hashes == NULL && (*hashes = hkv_block_hashes(m, req)) == NULL)
+        return -1;
+    *run_out = shared_run(g, *hashes, *first, count);
+    return *run_out == NULL ? -1 : 0;
+}
+
+/* num_shared_held: of the blocks `share` would take, those held by others. */
+int
+hkv_group_shared_held(Group *g, PyObject *req, PyObject *hit, Py_ssize_t num_tokens,
+                      PyObject **hashes, ManagerObject *m, Py_ssize_t *held)
+{
+    PyObject *run;
+    Py_ssize_t first;
+    *held = 0;
+    if (find_run(g, req, hit, num_tokens, hashes, m, &run, &first) < 0)
+        return -1;
+    if (run == NULL)
+        return 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(run); i++)
+        *held += BLOCK(PyList_GET_ITEM(run, i))->ref_cnt > 0;
+    Py_DECREF(run);
+    return 0;
+}
+
+/* share: the request takes (touches) the cached blocks of the positions it is
+ * about to compute, up to the first not cached. */
+int
+hkv_group_share(Pool *pool, Group *g, PyObject *req, Py_ssize_t num_tokens, PyObject **hashes,
+                ManagerObject *m)
+{
+    PyObject *run;
+    Py_ssize_t first;
+    if (find_run(g, req, NULL, num_tokens, hashes, m, &run, &first) < 0)
+        return -1;
+    if (run == NULL || PyList_GET_SIZE(run) == 0) {
+        Py_XDECREF(run);
+        return 0;
+    }
+    PyObject *blocks = own_blocks(g, req);
+    int rc = blocks == NULL || hkv_pool_touch(pool, run) < 0 ? -1 : 0;
+    if (rc == 0) {
+        Py_ssize_t end = PyList_GET_SIZE(blocks);
+        rc = PyList_SetSlice(blocks, end, end, run);
+    }
+    Py_XDECREF(blocks);
+    Py_DECREF(run);
+    return rc;
+}
+
 /* allocate_new_blocks: blocks for `num_tokens` tokens; a new list of the new ones. */
 PyObject *
 hkv_group_allocate(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,

@@ -59,6 +59,7 @@ hkv_init_names(void)
     INTERN(num_cached_blocks, "num_cached_blocks");
     INTERN(num_skipped, "num_skipped");
     INTERN(skips, "skips");
+    INTERN(shares, "shares");
     INTERN(spec, "spec");
     INTERN(sliding_window, "sliding_window");
     INTERN(num_window_blocks, "num_window_blocks");

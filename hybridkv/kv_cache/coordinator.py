@@ -127,23 +127,32 @@ class HybridCoordinator:
     # ---- fan-out -------------------------------------------------------------
 
     def num_blocks_to_allocate(self, request: Request, num_computed_tokens: int,
-                               num_tokens: int, hit: GroupBlocks | None, junction: int) -> int:
+                               num_tokens: int, hit: GroupBlocks | None, junction: int,
+                               hashes: Callable[[], Sequence[bytes]] | None = None) -> int:
         """Net free-queue blocks all groups take (see SingleTypeManager).
 
-        `junction`: the request's full-attention match at its last lookup."""
+        `junction`: the request's full-attention match at its last lookup;
+        `hashes()`: the request's block hashes (None: caching is off, no cached
+        block is shared)."""
         need = 0
         if hit is None:
             for m in self.managers:
                 need += m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, None,
                                                  junction)
+                if hashes is not None:
+                    need -= m.num_shared_held(request, num_tokens, None, hashes)
             return need
         for m, h in zip(self.managers, hit):
             need += m.num_blocks_to_allocate(request, num_computed_tokens, num_tokens, h, junction)
+            if hashes is not None:
+                need -= m.num_shared_held(request, num_tokens, h, hashes)
         return need
 
     def allocate(self, request: Request, num_computed_tokens: int, num_tokens: int,
-                 hit: GroupBlocks | None, junction: int, releases: bool = True) -> GroupBlocks:
-        """Release skipped blocks or adopt the hit in every group, then allocate.
+                 hit: GroupBlocks | None, junction: int, releases: bool = True,
+                 hashes: Callable[[], Sequence[bytes]] | None = None) -> GroupBlocks:
+        """Release skipped blocks or adopt the hit in every group, take the cached
+        blocks of what is about to be recomputed (`shared_run`), then allocate.
 
         `releases=False`: the caller knows no group releases a block at
         `num_computed_tokens` (below the request's limits, see `cache_blocks`).
@@ -155,6 +164,9 @@ class HybridCoordinator:
         else:
             for m, h in zip(managers, hit):
                 m.prepare(request, num_computed_tokens, h, junction)
+        if hashes is not None:
+            for m in managers:  # every group's shared blocks leave the queue before any eviction
+                m.share(request, num_tokens, hashes)
         return tuple([m.allocate_new_blocks(request, num_computed_tokens, num_tokens)
                       for m in managers])
 

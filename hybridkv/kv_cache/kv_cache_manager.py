@@ -240,13 +240,14 @@ class KVCacheManager(ManagerBase):
         `releases=False` when the request's own limits show no group
         releases a block at `computed`."""
         coordinator, request, junction = self.coordinator, held.request, held.junction
-        need = coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit, junction)
+        hashes = partial(request.block_hashes, self.hash_algo, self.hash_block_size) \
+            if self.enable_caching else None
+        need = coordinator.num_blocks_to_allocate(request, computed, num_tokens, hit, junction,
+                                                  hashes)
         if need > 0 and need > len(self.pool.free_queue) and not self._make_room(held, need):
             return None
         new_blocks = coordinator.allocate(request, computed, num_tokens, hit, junction,
-                                          releases)
-        hashes = partial(request.block_hashes, self.hash_algo, self.hash_block_size) \
-            if self.enable_caching else None
+                                          releases, hashes)
         held.max_tokens, held.max_computed = coordinator.cache_blocks(request, hashes,
                                                                       num_tokens)
         self._held[request.request_id] = held

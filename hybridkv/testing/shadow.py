@@ -12,8 +12,9 @@ and the explicit token tuple of the prefix up to the last token written.
 The checks a correct manager must pass:
 
 - `record_step`: every block the step's tokens read is listed and holds this
-  request's prefix; every block it writes is listed, held by no other
-  request and no sink; Mamba reads its start state from the hit source or
+  request's prefix; every block it writes is listed and no sink, and held by
+  no other request unless it holds that data already (a request that takes
+  a cached block for data it recomputes rewrites the same values); Mamba reads its start state from the hit source or
   the live block, and gets a checkpoint at every boundary its retention
   policy keeps.
 - `check_request`: every non-null block in a request's table holds THAT
@@ -53,6 +54,18 @@ class Content(NamedTuple):
     cache_salt: str | bytes | None
     lora_name: str | None
     tokens: tuple[int, ...]  # the prefix up to the last token written into the block
+
+
+def _extends(have: Content | None, want: Content, block_size: int) -> bool:
+    """Whether a block holding `have` holds `want`'s KV already: the same group,
+    salt and LoRA, the same block position, and a prefix `want`'s tokens begin
+    (a request recomputing data a shared cached block holds rewrites identical
+    values)."""
+    n = len(want.tokens)
+    return (have is not None and want.kind == "kv" and have.kind == "kv" and n > 0
+            and have[:4] == want[:4] and len(have.tokens) >= n
+            and (len(have.tokens) - 1) // block_size == (n - 1) // block_size
+            and have.tokens[:n] == want.tokens)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -118,7 +131,7 @@ class ShadowCache:
 
     def _expect(self, block_id: int, want: Content, what: str) -> None:
         have = self.content.get(block_id)
-        if have != want:
+        if have != want and not _extends(have, want, self.specs[want.group].block_size):
             raise ShadowViolation(
                 f"{what}: block {block_id} holds {_describe(have)}, expected {_describe(want)}")
 
@@ -141,13 +154,17 @@ class ShadowCache:
             else:
                 writes += self._attention_step(g, spec, request, ids, start, end)
         rid = request.request_id
-        for block_id, content in writes:
-            if holders.get(block_id, 0) != 1 or block_id in sink_ids:
+        extends = [_extends(self.content.get(block_id), content,
+                            self.specs[content.group].block_size)
+                   for block_id, content in writes]
+        for (block_id, content), same in zip(writes, extends):
+            if block_id in sink_ids or (holders.get(block_id, 0) != 1 and not same):
                 raise ShadowViolation(
                     f"{rid} writes {_describe(content)} into block {block_id}, which "
                     f"{holders.get(block_id, 0)} running requests list (or a sink)")
-        for block_id, content in writes:
-            self.content[block_id] = content
+        for (block_id, content), same in zip(writes, extends):
+            if not same:
+                self.content[block_id] = content
         return [block_id for block_id, _ in writes]
 
     def _attention_step(self, g: int, spec: KVCacheSpec, request: Request, ids: Sequence[int],

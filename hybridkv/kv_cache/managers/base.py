@@ -51,6 +51,12 @@ class SingleTypeManager(ABC):
     skips: ClassVar[bool] = True
     # True when `find_longest_cache_hit` takes a `lookup` (searches beyond the pool)
     accepts_lookup: ClassVar[bool] = False
+    # True when a request takes cached blocks for data it recomputes (`shared_run`)
+    # instead of computing a second copy. Full attention only: its blocks are held
+    # for the request's life. A window's or chunk's copy is released within the
+    # window anyway, and taking the cached one out of the free queue would move it
+    # (measured on the policy grid, docs/eviction.md).
+    shares: ClassVar[bool] = False
 
     def __init__(self, spec: KVCacheSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:
@@ -129,6 +135,40 @@ class SingleTypeManager(ABC):
             need -= self._num_freed_by_skip(request, blocks, num_computed_tokens, junction)
         return need
 
+    def shared_run(self, request: Request, first: int, num_tokens: int,
+                   hashes: Callable[[], Sequence[bytes]]) -> list[Block]:
+        """The cached blocks of positions `first`, `first + 1`, ... up to the
+        blocks `num_tokens` need (full blocks of the request's known tokens),
+        stopping at the first position not cached: data the request is about
+        to compute that the cache holds already. `share` takes them instead of
+        new blocks (one copy of the data, not two). `hashes()`: the request's
+        hashes, called only when there is a position to look up."""
+        if not self.shares:
+            return []
+        end = min(-(-num_tokens // self.block_size),
+                  len(request.all_token_ids) // self.block_size)
+        if end <= first:
+            return []
+        block_hashes, s, cached_block = hashes(), self.stride, self.cached_block
+        end = min(end, len(block_hashes) // s)
+        run = []
+        for i in range(first, end):
+            block = cached_block(block_hashes[(i + 1) * s - 1])
+            if block is None:
+                break
+            run.append(block)
+        return run
+
+    def num_shared_held(self, request: Request, num_tokens: int, hit: Sequence[Block] | None,
+                        hashes: Callable[[], Sequence[bytes]]) -> int:
+        """How many of the blocks `share` would take are held by other requests:
+        counted as new blocks by `num_blocks_to_allocate`, they take nothing
+        from the free queue."""
+        if not self.shares:
+            return 0
+        first = len(hit) if hit else len(self.req_to_blocks.get(request.request_id) or ())
+        return sum(1 for b in self.shared_run(request, first, num_tokens, hashes) if b.ref_cnt)
+
     def num_evictable(self, blocks: Sequence[Block]) -> int:
         """How many of these blocks sit in the free queue (touching them removes them)."""
         null = self.null_block
@@ -203,6 +243,21 @@ class SingleTypeManager(ABC):
         self.pool.touch(blocks)
         self.req_to_blocks[rid] = list(blocks)
         self.num_cached_blocks[rid] = len(blocks)
+
+    def share(self, request: Request, num_tokens: int,
+              hashes: Callable[[], Sequence[bytes]]) -> None:
+        """Take (touch) the cached blocks `shared_run` finds for the positions
+        about to be computed. The coordinator runs this for every group before
+        any group takes new blocks, so no eviction takes them first."""
+        if not self.shares:
+            return
+        blocks = self.req_to_blocks.get(request.request_id)
+        run = self.shared_run(request, len(blocks) if blocks else 0, num_tokens, hashes)
+        if run:
+            self.pool.touch(run)
+            if blocks is None:
+                blocks = self.req_to_blocks[request.request_id] = []
+            blocks.extend(run)
 
     def allocate_new_blocks(self, request: Request, num_computed_tokens: int,
                             num_tokens: int) -> list[Block]:

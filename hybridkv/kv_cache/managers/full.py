@@ -22,6 +22,7 @@ class FullAttentionManager(SingleTypeManager):
     downward_closed = True
     accepts_lookup = True
     skips = False
+    shares = True
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
                                lookup: Lookup | None = None) -> list[Block]:

@@ -100,7 +100,7 @@ def test_checks_hold_for_every_eviction_policy():
 
 
 def allocate_group_by_group(self, request, num_computed_tokens, num_tokens, hit, junction,
-                            releases=True):
+                            releases=True, hashes=None):
     """A broken coordinator step: adopts each group's hit just before that group
     takes new blocks, so an earlier group can take a later group's hit block."""
     new_blocks = []

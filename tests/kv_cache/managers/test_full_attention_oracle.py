@@ -2,9 +2,11 @@
 
 The model knows only the documented rules: a full block is cached under its
 whole prefix; a hit is the longest run of cached leading blocks, capped at
-num_tokens - 1; new blocks take uncached free blocks first, then evict the
-least recently released cached block; a request releases its blocks tail
-first. It shares no code with the implementation.
+num_tokens - 1; a request takes the cached blocks of the data it is about
+to compute that follow what it holds, up to the first one not cached, and
+new blocks for the rest; new blocks take uncached free blocks first, then
+evict the least recently released cached block; a request releases its
+blocks tail first. It shares no code with the implementation.
 """
 
 import random
@@ -34,13 +36,21 @@ class LRUModel:
     def allocate(self, rid, tokens, num_hit_blocks, num_tokens):
         held = self.held.get(rid, [])
         hit_keys = [tuple(tokens[:(i + 1) * self.B]) for i in range(num_hit_blocks)]
-        new = -(-num_tokens // self.B) - len(held) - len(hit_keys)
-        evictable = sum(1 for k in hit_keys if self.cached[k][0] == 0)
+        shared = []  # cached blocks of what is about to be computed, in a row
+        for i in range(len(held) + len(hit_keys), min(-(-num_tokens // self.B),
+                                                      len(tokens) // self.B)):
+            key = tuple(tokens[:(i + 1) * self.B])
+            if key not in self.cached:
+                break
+            shared.append(key)
+        taken = hit_keys + shared
+        new = -(-num_tokens // self.B) - len(held) - len(taken)
+        evictable = sum(1 for k in taken if self.cached[k][0] == 0)
         if max(new, 0) + evictable > self.num_free():
             return False
-        for k in hit_keys:
+        for k in taken:
             self.cached[k][0] += 1
-        held = self.held[rid] = held + hit_keys
+        held = self.held[rid] = held + taken
         for _ in range(max(new, 0)):
             self._take_block()
             held.append("pending")
