@@ -14,9 +14,9 @@ The checks a correct manager must pass:
 - `record_step`: every block the step's tokens read is listed and holds this
   request's prefix; every block it writes is listed and no sink, and held by
   no other request unless it holds that data already (a request that takes
-  a cached block for data it recomputes rewrites the same values); Mamba reads its start state from the hit source or
-  the live block, and gets a checkpoint at every boundary its retention
-  policy keeps.
+  a cached block for data it recomputes rewrites the same values); Mamba
+  reads its start state from the hit source or the live block, and gets a
+  checkpoint at every boundary its retention policy keeps.
 - `check_request`: every non-null block in a request's table holds THAT
   request's tokens at that position, and nothing the next token reads was
   released.
