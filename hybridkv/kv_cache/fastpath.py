@@ -178,7 +178,9 @@ class ManagerCore:
 
         `num_new_computed_tokens`/`new_computed_blocks` adopt a hit from
         `get_computed_blocks` (for a request that holds no blocks). Returns the
-        newly allocated blocks per group, or None, with no state change at all,
+        newly allocated blocks per group (not the cached full-attention blocks
+        the request takes for data it is about to recompute, which
+        `get_blocks` lists with the rest), or None, with no state change at all,
         when the pool can't supply them now: other requests hold blocks, wait
         for them (or preempt one).
 
