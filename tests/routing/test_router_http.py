@@ -62,6 +62,15 @@ def explain(router, prompt: list[int], **extra) -> dict:
     return reply.json()
 
 
+def wait_idle(router) -> None:
+    """Until the router sees no load anywhere: the backends' polled loads can still
+    show a finished request running, and a routing claim here is about an idle
+    cluster (a stale request above the average outweighs a short document)."""
+    wait_until(lambda: all(b["in_flight"] + b["waiting"] + b["running"] + b["pending_tokens"]
+                           == 0 for b in explain(router, [3])["backends"].values()),
+               what="idle backends")
+
+
 def direct(backend, prompt: list[int], **extra) -> int:
     """A completion sent to one backend itself; its cached tokens."""
     reply = httpx.post(f"{backend.url}/v1/completions", timeout=120, json={
@@ -86,6 +95,7 @@ def test_hybrid_case_window_lost_on_a(backends, routers):
         view = explain(hybrid, q_hybrid)["backends"]
         return view["A"]["chain_tokens"] == 10 * BLOCK and view["B"]["reusable_tokens"] == 128
     wait_until(caught_up, what="the router's view of A and B")
+    wait_idle(hybrid)
     view = explain(hybrid, q_hybrid)["backends"]
     assert view["A"]["reusable_tokens"] < view["B"]["reusable_tokens"] == 8 * BLOCK
     assert view["B"]["chain_tokens"] == 8 * BLOCK < view["A"]["chain_tokens"]
@@ -114,11 +124,7 @@ def test_repeated_documents_land_on_the_backend_holding_them(routers):
             first, _ = complete(router, doc + tokens(rng, 8))
             wait_until(lambda d=doc, f=first: explain(routers["hybrid-prefix"], d + [5])["backends"]
                        [f]["chain_tokens"] >= 4 * BLOCK, what="the first copy's events")
-            # the backends' polled loads can still show the first request running; the
-            # claim is about an idle cluster, so wait until the router sees one
-            wait_until(lambda r=router, d=doc: all(
-                b["in_flight"] + b["waiting"] + b["running"] + b["pending_tokens"] == 0
-                for b in explain(r, d + [5])["backends"].values()), what="idle backends")
+            wait_idle(router)
             second, cached = complete(router, doc + tokens(rng, 8))
             total += cached
             if policy == "hybrid-prefix":
@@ -178,6 +184,7 @@ def test_restarted_router_rebuilds_its_view_from_the_streams(backends, redis_ser
             return all(old[b]["cached_blocks"] == new[b]["cached_blocks"] for b in "ABC") \
                 and new[first]["chain_tokens"] == 6 * BLOCK
         wait_until(same_view, what="the restarted router's view")
+        wait_idle(fresh)
         backend, cached = complete(fresh, doc + [13])
         assert backend == first and cached == 6 * BLOCK
     finally:
