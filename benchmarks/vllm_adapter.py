@@ -102,11 +102,15 @@ class VllmAdapter:
             scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
 
     def start(self, tr) -> Request:
-        params = self._params.get(len(tr.output))
+        return self.new_request(tr.request_id, tr.prompt, len(tr.output))
+
+    def new_request(self, request_id: str, prompt, num_output: int) -> Request:
+        """vLLM's Request for a prompt that will decode `num_output` tokens (hashed now)."""
+        params = self._params.get(num_output)
         if params is None:
-            params = SamplingParams(max_tokens=max(1, len(tr.output)))
-            self._params[len(tr.output)] = params
-        return Request(tr.request_id, list(tr.prompt), params, None,
+            params = SamplingParams(max_tokens=max(1, num_output))
+            self._params[num_output] = params
+        return Request(request_id, list(prompt), params, None,
                        arrival_time=0.0, block_hasher=self.hasher)
 
     def lookup(self, req: Request) -> int:

@@ -162,3 +162,41 @@ def test_bench_exits_clearly_without_vllm(tmp_path, given):
                 sys.executable: "cannot import vLLM's KV cache manager",
                 "/nonexistent/python": "cannot run it"}[given]
     assert expected in done.stderr and "--vllm-python" in done.stderr
+
+
+def fake_shared_folder(tmp_path):
+    """A folder shaped like the shared workload folder (its scripts are not run)."""
+    folder = tmp_path / "shared-bench"
+    folder.mkdir()
+    (folder / "traces.py").write_text("")
+    (folder / "hybridkv_bench.py").write_text("")
+    return folder
+
+
+@pytest.mark.parametrize("given", [None, "/nonexistent/python"])
+def test_shared_runner_comparison_exits_clearly_without_vllm(tmp_path, given):
+    env = {k: v for k, v in ENV.items() if k != "HYBRIDKV_VLLM_PYTHON"}
+    cmd = [sys.executable, os.path.join(BENCH, "bench_vs_vllm_shared.py"), "--quick",
+           "--shared-bench", str(fake_shared_folder(tmp_path)), "--out", str(tmp_path / "out")]
+    if given:
+        cmd += ["--vllm-python", given]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1 and not (tmp_path / "out").exists()
+    expected = "no Python with vLLM 0.32.0 given" if given is None else "cannot run it"
+    assert expected in done.stderr and "--vllm-python" in done.stderr
+
+
+@pytest.mark.parametrize("script, args, expected", [
+    ("bench_vs_vllm_shared.py", ["--shared-bench", "/nonexistent"], "no traces.py there"),
+    ("bench_vs_vllm_shared.py", ["--configs", "full,dense"], "use some of full, swa, mamba"),
+    ("bench_vs_vllm_shared.py", ["--rounds", "0"], "--rounds must be >= 1"),
+    ("vllm_shared_runner.py", ["--shared-bench", "/nonexistent"], "no traces.py there"),
+    ("vllm_shared_runner.py", ["--parts", "full,dense"], "unknown config(s) ['dense']"),
+])
+def test_shared_runner_scripts_name_bad_arguments(tmp_path, script, args, expected):
+    folder = str(fake_shared_folder(tmp_path))
+    if "--shared-bench" not in args:
+        args = ["--shared-bench", folder, *args]
+    done = subprocess.run([sys.executable, os.path.join(BENCH, script), *args],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 1 and expected in done.stderr, done.stderr
