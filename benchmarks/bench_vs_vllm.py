@@ -93,16 +93,23 @@ def run_worker(python: str, side: str, config: str, trace_path: str, fingerprint
     """One timed replay in a fresh process; its RESULT plus the load average around it."""
     cmd = [python, WORKER, "--side", side, "--config", config, "--trace", trace_path,
            "--fingerprint", fingerprint, "--warmup", str(warmup)]
-    load_before = os.getloadavg()[0]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=worker_env())
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"bench_vs_vllm: {side} {config} failed (exit {done.returncode}):\n"
-                         f"{done.stderr[-3000:]}")
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = run_json(cmd, "RESULT ", f"bench_vs_vllm: {side} {config}")
     if result["fingerprint"] != fingerprint:
         raise SystemExit(f"bench_vs_vllm: {side} replayed trace {result['fingerprint']}, "
                          f"not {fingerprint}")
+    return result
+
+
+def run_json(cmd: list[str], marker: str, what: str) -> dict:
+    """Run `cmd` (this checkout on PYTHONPATH); the JSON of its last line starting
+    with `marker`, plus the load average around the run. Exits naming `what`
+    with the end of its stderr when it fails."""
+    load_before = os.getloadavg()[0]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=worker_env())
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(marker)]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{what} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    result = json.loads(lines[-1][len(marker):])
     result["load_avg_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     return result
 

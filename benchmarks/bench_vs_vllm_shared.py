@@ -19,13 +19,11 @@ per-round ratios, hit rates, leaks, and in how many rounds hybridkv reached
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 
-from bench_vs_vllm import VLLM_ENV, check_vllm, worker_env
+from bench_vs_vllm import VLLM_ENV, check_vllm, run_json
 from common import add_common_args, prepare_out, shared_bench_dir, write_result
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,15 +33,7 @@ CONFIGS = ("full", "swa", "mamba")
 
 def run_side(cmd: list[str]) -> dict:
     """One invocation; its JSON line plus the load average around it."""
-    load_before = os.getloadavg()[0]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=worker_env())
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("JSON: ")]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"bench_vs_vllm_shared: {' '.join(cmd)} failed "
-                         f"(exit {done.returncode}):\n{done.stderr[-3000:]}")
-    out = json.loads(lines[-1][len("JSON: "):])
-    out["load_avg_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    return out
+    return run_json(cmd, "JSON: ", f"bench_vs_vllm_shared: {' '.join(cmd)}")
 
 
 def run_rounds(args, vllm_python: str, configs: list[str]) -> list[dict]:

@@ -66,3 +66,14 @@ def shared_bench_dir(path: str) -> str:
         raise SystemExit(f"--shared-bench {path}: no traces.py there (the shared workload "
                          "folder the vLLM figures were measured with)")
     return os.path.abspath(path)
+
+
+def add_replay_args(ap: argparse.ArgumentParser) -> None:
+    """The scheduler-path replay's knobs, as the shared-prefix benchmarks use them."""
+    ap.add_argument("--num-blocks", type=int, default=4096)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--window", type=int, default=1024)
+    ap.add_argument("--max-running", type=int, default=64)
+    ap.add_argument("--max-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument("--hash-algo", default="sha256")

@@ -20,6 +20,8 @@ import json
 import os
 import sys
 
+from common import add_replay_args
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = ("full", "swa", "mamba")
 
@@ -94,14 +96,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--shared-bench", required=True, metavar="DIR")
     ap.add_argument("--parts", default=",".join(CONFIGS))
     ap.add_argument("--num-requests", type=int, default=2000)
-    ap.add_argument("--num-blocks", type=int, default=4096)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--window", type=int, default=1024)
-    ap.add_argument("--max-running", type=int, default=64)
-    ap.add_argument("--max-batched-tokens", type=int, default=8192)
-    ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--hash-algo", default="sha256")
+    add_replay_args(ap)
     return ap.parse_args(argv)
 
 

@@ -23,6 +23,8 @@ import platform
 import sys
 import warnings
 
+from common import add_replay_args
+
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.testing.replay import CONFIG_GROUPS, ManagerAdapter, make_config, replay
 from hybridkv.tools.trace_file import load_trace
@@ -36,13 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--config", choices=tuple(CONFIG_GROUPS), required=True)
     ap.add_argument("--trace", required=True, metavar="FILE")
     ap.add_argument("--fingerprint", required=True)
-    ap.add_argument("--num-blocks", type=int, default=4096)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--window", type=int, default=1024)
-    ap.add_argument("--max-running", type=int, default=64)
-    ap.add_argument("--max-batched-tokens", type=int, default=8192)
-    ap.add_argument("--max-model-len", type=int, default=8192)
-    ap.add_argument("--hash-algo", default="sha256")
+    add_replay_args(ap)
     ap.add_argument("--warmup", type=int, default=64, metavar="N")
     return ap.parse_args(argv)
 

@@ -35,6 +35,19 @@ UNLIMITED = 1 << 62
 Lookup = Callable[[bytes], "Block | None"]
 
 
+def cached_run(get: Lookup, block_hashes: Sequence[bytes], stride: int, first: int,
+               end: int) -> list[Block]:
+    """The blocks `get` finds for block positions `first` .. `end - 1` (a group
+    with `stride` hashes per block), up to the first position it does not."""
+    run = []
+    for i in range(first, end):
+        block = get(block_hashes[(i + 1) * stride - 1])
+        if block is None:
+            break
+        run.append(block)
+    return run
+
+
 class SingleTypeManager(ABC):
     """Block lists and reuse rules of one KV cache group.
 
@@ -149,15 +162,9 @@ class SingleTypeManager(ABC):
                   len(request.all_token_ids) // self.block_size)
         if end <= first:
             return []
-        block_hashes, s, cached_block = hashes(), self.stride, self.cached_block
-        end = min(end, len(block_hashes) // s)
-        run = []
-        for i in range(first, end):
-            block = cached_block(block_hashes[(i + 1) * s - 1])
-            if block is None:
-                break
-            run.append(block)
-        return run
+        block_hashes = hashes()
+        return cached_run(self.cached_block, block_hashes, self.stride, first,
+                          min(end, len(block_hashes) // self.stride))
 
     def num_shared_held(self, request: Request, num_tokens: int, hit: Sequence[Block] | None,
                         hashes: Callable[[], Sequence[bytes]]) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hybridkv.kv_cache.block_pool import Block
-from hybridkv.kv_cache.managers.base import Lookup, SingleTypeManager
+from hybridkv.kv_cache.managers.base import Lookup, SingleTypeManager, cached_run
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import ChunkedLocalAttentionSpec
 
@@ -29,14 +29,8 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
         num_blocks = min(max_length // bs, len(block_hashes) // stride)
         chunk = self.spec.attention_chunk_size
         chunk_start = num_blocks * bs // chunk * chunk // bs
-        hit = [self.null_block] * chunk_start
-        get = lookup or self.cached_block
-        for i in range(chunk_start, num_blocks):
-            block = get(block_hashes[(i + 1) * stride - 1])
-            if block is None:
-                break
-            hit.append(block)
-        return hit
+        return [self.null_block] * chunk_start + cached_run(
+            lookup or self.cached_block, block_hashes, stride, chunk_start, num_blocks)
 
     def num_skipped_blocks(self, request: Request, num_computed_tokens: int) -> int:
         chunk = self.spec.attention_chunk_size
