@@ -151,14 +151,16 @@ def test_take_gets_blocks_that_aging_moves_into_an_emptied_tier():
 
 
 def stale_scenario(monkeypatch, data_comes_back, idle_takes, defaults=False, late_hit=None,
-                   weight=0.5):
+                   weight=0.5, old_fresh=False):
     """Hit blocks a and b (a released first), a fresh block g; the fresh tier has
     lost a block `f` whose data is (or is not) computed again; the clock then runs
     `idle_takes` blocks (an uncached block taken and freed). With `late_hit` (a
     rating), a block j hit once, released with a, is hit again after the idle
     blocks (a long reuse distance) and kept. Returns the order a, b, g are taken
     in. `defaults`: the module's STALE_AGE and RETURN_GATE, else 2.0 and 0.35; one
-    returning block makes `weight` of the share of fresh evictions that came back."""
+    returning block makes `weight` of the share of fresh evictions that came back.
+    `old_fresh`: a fresh block o is released with b's second release (below g in the
+    fresh stack) and the order of a, b, g, o is returned."""
     patch = [("RETURN_WEIGHT", weight), ("REUSE_DECAY", 1.0)]
     if not defaults:
         patch += [("RETURN_GATE", 0.35), ("STALE_AGE", 2.0)]
@@ -184,13 +186,17 @@ def stale_scenario(monkeypatch, data_comes_back, idle_takes, defaults=False, lat
         assert pool.cache_block(spare, f_hash, 0)
     pool.touch([b])  # a hit after 1-2 blocks: the longest reuse distance
     pool.free_blocks([b])
+    o = held[5]
+    if old_fresh:
+        pool.free_blocks([o])
     for _ in range(idle_takes):
         pool.free_blocks([e])
         assert pool.get_new_blocks(1) == [e]
     if late_hit is not None:
         pool.touch([j])
     pool.free_blocks([g])
-    order = [{a: "a", b: "b", g: "g"}[blk] for blk in pool.get_new_blocks(3)]
+    names = {a: "a", b: "b", g: "g", o: "o"}
+    order = [names[blk] for blk in pool.get_new_blocks(4 if old_fresh else 3)]
     pool.check_integrity()
     return order
 
@@ -216,6 +222,15 @@ def test_hit_blocks_unused_for_one_and_a_half_reuse_distances_are_stale(monkeypa
     assert run(1) == ["g", "a", "b"]
     assert run(2) == ["a", "g", "b"]  # only a is older than 1.5 reuse distances
     assert run(3) == ["a", "b", "g"]
+
+
+def test_stale_never_hit_data_goes_before_the_newest_release(monkeypatch):
+    # o, never hit, was released as long ago as b: while the rule is on it goes after
+    # the stale hit blocks but before g, the newest release; otherwise newest first
+    run = functools.partial(stale_scenario, monkeypatch, old_fresh=True)
+    assert run(True, 6) == ["a", "b", "o", "g"]
+    assert run(False, 6) == ["g", "o", "a", "b"]
+    assert run(True, 0) == ["g", "o", "a", "b"]  # not stale yet
 
 
 def test_a_junction_hit_late_does_not_stretch_the_reuse_distance(monkeypatch):

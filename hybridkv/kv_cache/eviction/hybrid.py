@@ -39,8 +39,10 @@ computed again. While at least RETURN_GATE of recent fresh
 evictions come back (the never-hit tier is losing live data, e.g. the newest
 step of agents that run round-robin in a pool that holds them all), a hit
 block unused for more than STALE_AGE times that distance is taken before the
-never-hit tier. When fresh evictions do not come back (unique questions,
-a cycle larger than the pool) nothing changes.
+never-hit tier, and so is the bottom of the never-hit stack (the oldest
+releases and the data aging moved there) when it was released that long ago.
+When fresh evictions do not come back (unique questions, a cycle larger than
+the pool) nothing changes.
 """
 
 from __future__ import annotations
@@ -187,7 +189,8 @@ class HybridPolicy(EvictionPolicy):
         return out
 
     def _take_fresh(self, out: list[Block], num_blocks: int) -> None:
-        """Take up to `num_blocks` from the never-hit tier, or stale hit blocks before them."""
+        """Take up to `num_blocks` from the never-hit tier, or stale hit blocks before them;
+        within the tier, the bottom of the stack first while it is stale too."""
         tiers, fresh = self._tiers, self._tiers[FRESH]
         limit = self._clock + len(out) - STALE_AGE * self._reuse
         while num_blocks and fresh:
@@ -196,8 +199,8 @@ class HybridPolicy(EvictionPolicy):
                 if tier and tier[next(iter(tier))] < limit:  # unused for too long
                     block = tier.popitem(last=False)[0]
                     break
-            else:
-                block = fresh.popitem()[0]
+            else:  # the newest release first, unless the bottom of the stack is as stale
+                block = fresh.popitem(last=fresh[next(iter(fresh))] >= limit)[0]
                 self._evicted_fresh([block])
             block.queue_slot = -1
             out.append(block)

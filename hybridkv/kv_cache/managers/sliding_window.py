@@ -110,7 +110,13 @@ class SlidingWindowManager(SingleTypeManager):
         prefix it completes (at most half of it): a window as long as the prefix would
         rank as many blocks as the prefix above it, and the pool would give up the prefix
         first and keep the window stranded. The windows of stops in the prompt's tail and
-        of the request's end keep their rating; the rest is low value."""
+        of the request's end keep their rating; the rest is low value.
+
+        Kept blocks before the junction that no hit used were recomputed while the
+        full-attention blocks of their positions were cached (taken by `share`, which
+        counts a hit on them): they count that hit too. Left never hit, they would go
+        before the prefix blocks they complete, and the next prompt on the prefix
+        would stop at the same point again."""
         bs, need, null = self.block_size, self.spec.num_window_blocks, self.null_block
         shared = junction // bs
         at_junction = JUNCTION if 2 * need <= shared else NORMAL_VALUE
@@ -132,6 +138,8 @@ class SlidingWindowManager(SingleTypeManager):
                     block.value_hint = at_junction
                 elif not (t_lo <= i < prompt or c_lo <= i < computed):
                     block.value_hint = LOW_VALUE
+                if i < shared and not block.num_hits and block.value_hint != LOW_VALUE:
+                    block.num_hits = 1  # recomputed with the prefix: as hit as its blocks
 
     def max_quiet_computed(self, request: Request) -> int:
         # (c - W + 1) // B <= start  <=>  c <= (start + 1) * B + W - 2

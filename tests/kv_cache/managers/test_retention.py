@@ -13,6 +13,7 @@ from hybridkv import (
     SlidingWindowSpec,
 )
 from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE
+from hybridkv.kv_cache.eviction import hybrid as hybrid_eviction
 from hybridkv.kv_cache.managers.mamba import MambaManager
 from hybridkv.kv_cache.managers.sliding_window import SlidingWindowManager
 
@@ -280,3 +281,25 @@ def test_a_junction_window_as_long_as_half_its_prefix_or_more_is_not():
     # outlive them, stranded
     assert junction_window_hints(3) == [NORMAL_VALUE, NORMAL_VALUE]
     assert junction_window_hints(2) == [NORMAL_VALUE, NORMAL_VALUE]
+
+
+def test_window_blocks_recomputed_before_the_junction_count_the_hit_the_prefix_got():
+    # the first prompt's window at the shared prefix's end is evicted: the second
+    # prompt's hit stops two blocks earlier, it recomputes them (sharing the cached
+    # full-attention blocks, which count a hit); its window blocks there count the same
+    # hit, so the pool does not give them up before the prefix they complete
+    mgr = manager(SlidingWindowSpec(block_size=B, sliding_window=2 * B))
+    shared = list(range(100, 100 + 6 * B))
+    _, first = run(mgr, shared + list(range(500, 500 + 3 * B)))
+    assert mgr.pool.evict_blocks(first[1][4:6]) == 2
+    n, ids = run(mgr, shared + list(range(700, 700 + 3 * B)))
+    assert n == 4 * B  # stopped before the evicted window
+    full, side = ids
+    assert full[4:6] == first[0][4:6]  # the cached full-attention blocks, shared
+    assert [mgr.pool.blocks[i].num_hits for i in full[4:6]] == [1, 1]
+    recomputed = [mgr.pool.blocks[i] for i in side[4:6]]
+    assert [b.num_hits for b in recomputed] == [1, 1]
+    assert all(b.queue_slot > hybrid_eviction.FRESH for b in recomputed)
+    # the request's own new data past the junction is not counted
+    assert all(mgr.pool.blocks[i].num_hits == 0 for i in side[6:] if i)
+    mgr.check_integrity()
