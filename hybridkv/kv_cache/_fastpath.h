@@ -334,6 +334,21 @@ skip_start(Group *g, PyObject *req)
     return dict_count(g->num_skipped, RID(req), g->kept_head);
 }
 
+/* The positions skipping at `computed` releases from `blocks`: [*start, *end).
+ * 0 (none: *end <= *start), 1, or -1 on error. */
+static inline int
+skip_range(Group *g, PyObject *req, PyObject *blocks, Py_ssize_t computed, Py_ssize_t *start,
+           Py_ssize_t *end)
+{
+    *start = skip_start(g, req);
+    if (FAILED(*start))
+        return -1;
+    *end = num_skipped_blocks(g, computed);
+    if (*end > PyList_GET_SIZE(blocks))
+        *end = PyList_GET_SIZE(blocks);
+    return *end > *start;
+}
+
 
 /* list.extend([null] * count) in one resize. */
 static inline int

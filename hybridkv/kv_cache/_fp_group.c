@@ -28,14 +28,10 @@ static Py_ssize_t
 num_freed_by_skip(Pool *pool, Group *g, PyObject *req, PyObject *blocks, Py_ssize_t computed,
                   Py_ssize_t junction)
 {
-    Py_ssize_t start = skip_start(g, req);
-    if (FAILED(start))
-        return -1;
-    Py_ssize_t end = num_skipped_blocks(g, computed);
-    if (end > PyList_GET_SIZE(blocks))
-        end = PyList_GET_SIZE(blocks);
-    if (end <= start)
-        return 0;
+    Py_ssize_t start, end;
+    int any = skip_range(g, req, blocks, computed, &start, &end);
+    if (any <= 0)
+        return any;
     if (!g->retains)
         return num_with_ref(blocks, start, end, 1, pool->null_block);
     PyObject *retention = PyObject_GetAttr(g->manager, hkv_names.retention);

@@ -109,14 +109,10 @@ hkv_group_release_skipped(Pool *pool, Group *g, PyObject *req, Py_ssize_t comput
     PyObject *blocks = blocks_of(g, req);
     if (blocks == NULL || PyList_GET_SIZE(blocks) == 0)
         return PyErr_Occurred() ? -1 : 0;
-    Py_ssize_t start = skip_start(g, req);
-    if (FAILED(start))
-        return -1;
-    Py_ssize_t end = num_skipped_blocks(g, computed);
-    if (end > PyList_GET_SIZE(blocks))
-        end = PyList_GET_SIZE(blocks);
-    if (end <= start)
-        return 0;
+    Py_ssize_t start, end;
+    int any = skip_range(g, req, blocks, computed, &start, &end);
+    if (any <= 0)
+        return any;
     Py_INCREF(blocks);  /* the rules run Python code */
     int rc = release_skipped(pool, g, req, junction, blocks, start, end);
     Py_DECREF(blocks);

@@ -17,32 +17,20 @@ Python bases are used; `fastpath_backend()` says which runs.
 
 from __future__ import annotations
 
-import importlib
 import os
 import warnings
 from typing import Any, NamedTuple
 
+from hybridkv.kv_cache.extensions import load_extension
+
 DISABLE_ENV = "HYBRIDKV_DISABLE_FASTPATH"
-_NAME = "hybridkv.kv_cache._fastpath"
-_BUILD_ERROR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                 "_fastpath.build-error.txt")
 
 
 def _load() -> tuple[Any, str | None]:
     """(the C module, None) or (None, why it is not used)."""
     if os.environ.get(DISABLE_ENV) == "1":
         return None, f"disabled ({DISABLE_ENV}=1)"
-    try:
-        return importlib.import_module(_NAME), None
-    except ImportError as e:
-        try:
-            with open(_BUILD_ERROR_FILE) as f:
-                return None, f"build failed: {f.read().strip()}"
-        except OSError:
-            pass
-        if isinstance(e, ModuleNotFoundError) and e.name == _NAME:
-            return None, "no compiled module (the package was installed without building it)"
-        return None, f"it does not load: {e}"
+    return load_extension("hybridkv.kv_cache._fastpath")
 
 
 native, NATIVE_ERROR = _load()

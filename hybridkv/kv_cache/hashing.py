@@ -27,7 +27,6 @@ says the fallback is intended; `hashing_backend()` reports which path runs.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import struct
 import sys
@@ -39,30 +38,11 @@ from typing import Any, NamedTuple
 import xxhash
 
 from hybridkv.kv_cache.checks import check_int
+from hybridkv.kv_cache.extensions import load_extension
 from hybridkv.kv_cache.fastpath import native as _fastpath
 
 ALLOW_PYTHON_ENV = "HYBRIDKV_ALLOW_PYTHON_HASHING"
-_BUILD_ERROR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                 "_chainhash.build-error.txt")
-
-
-def _load_extension() -> tuple[Any, str | None]:
-    """(the C module, None) or (None, why it is missing)."""
-    name = "hybridkv.kv_cache._chainhash"
-    try:
-        return importlib.import_module(name), None
-    except ImportError as e:
-        try:
-            with open(_BUILD_ERROR_FILE) as f:
-                return None, f"build failed: {f.read().strip()}"
-        except OSError:
-            pass
-        if isinstance(e, ModuleNotFoundError) and e.name == name:
-            return None, "no compiled module (the package was installed without building it)"
-        return None, f"it does not load: {e}"
-
-
-_chainhash, EXTENSION_ERROR = _load_extension()
+_chainhash, EXTENSION_ERROR = load_extension("hybridkv.kv_cache._chainhash")
 _chain: Any = getattr(_chainhash, "chain", None)
 # (a build older than this module has no memo: requests' hashers use chain)
 _chain_cached: Any = getattr(_chainhash, "chain_cached", _chain)

@@ -11,24 +11,15 @@ run in Python, giving the same bytes and choices (tests compare).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from hybridkv.kv_cache.extensions import load_extension
 from hybridkv.store.payload import BlockLayout, checksum
 
-
-def _load_extension() -> tuple[Any, str | None]:
-    """(the C module, None) or (None, why it is missing)."""
-    try:
-        return importlib.import_module("hybridkv.store._codec"), None
-    except ImportError as e:
-        return None, str(e)
-
-
-_codec, EXTENSION_ERROR = _load_extension()
+_codec, EXTENSION_ERROR = load_extension("hybridkv.store._codec")
 
 
 def native(name: str) -> Any:
