@@ -48,7 +48,7 @@ the pool) nothing changes.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from hybridkv.kv_cache.eviction.base import JUNCTION, LOW_VALUE, PROTECTED, EvictionPolicy
@@ -81,7 +81,7 @@ class HybridTiers:
     entry in the tier holds the clock (blocks taken so far) at its release.
     """
 
-    evicted: OrderedDict[bytes, None]
+    evicted: Mapping[bytes, object]
 
     def __init__(self, blocks: Iterable[Block], rules: tuple[int, float, float, float, float]
                  ) -> None:
@@ -93,7 +93,8 @@ class HybridTiers:
         self._clock = 0  # blocks taken
         self._reuse = 0.0  # the longest recent reuse distance of hits
         self._returns = 0.0  # share of recent fresh evictions computed again
-        self.evicted = OrderedDict()  # fresh evictions watched
+        self._watched: OrderedDict[bytes, None] = OrderedDict()  # fresh evictions watched
+        self.evicted = self._watched
         initial = list(blocks)
         for block in reversed(initial):  # a stack: the first given on top
             self._tiers[EMPTY][block] = 0
@@ -221,7 +222,7 @@ class HybridTiers:
         for _ in range(self._num_taken // every - before // every):
             self._age()
         self._returns *= (1 - self._return_weight) ** len(blocks)
-        watched = self.evicted
+        watched = self._watched
         for block in blocks:
             if block.block_hash is not None:
                 watched[block.block_hash] = None
@@ -229,7 +230,7 @@ class HybridTiers:
             watched.popitem(last=False)
 
     def recomputed(self, block_hash: bytes) -> None:
-        del self.evicted[block_hash]
+        del self._watched[block_hash]
         self._returns += self._return_weight
 
     def _age(self) -> None:
