@@ -2,146 +2,21 @@
  *
  * The rules are eviction/hybrid.py's (`HybridTiers` there is the pure-Python
  * reference this matches decision for decision); HybridPolicy subclasses this
- * type when the extension is built and gives it the rules' constants. Each tier is a doubly linked list threaded through the
- * blocks themselves (BlockObject.q_*), holding a reference to each block:
+ * type when the extension is built and gives it the rules' constants. Each
+ * tier is a doubly linked list threaded through the blocks themselves
+ * (BlockObject.q_*, _fp_hybrid.h), holding a reference to each block:
  * every operation is O(1) per block whatever the pool size. The head of a
  * list is the front of the reference's OrderedDict, the tail its end; stacks
  * (empty, fresh) are taken from the tail, queues from the head. The watched
- * evictions stay an OrderedDict, as in the reference. */
-#include "_fastpath.h"
+ * evictions are a Watch (_fp_watch.h): Python sees the same hashes in the same
+ * order as the reference's OrderedDict. */
+#include "_fp_hybrid.h"
 
-#include <math.h>
-
-enum { EMPTY, LOW, FRESH, HIT_ONCE, HIT_OFTEN, KEPT, NUM_TIERS };
-/* ratings (eviction/base.py Rating) */
-enum { LOW_VALUE = 0, NORMAL_VALUE = 1, JUNCTION = 2, PROTECTED = 3, NOT_A_RATING = -1 };
-
-typedef struct {
-    BlockObject *head, *tail;
-    Py_ssize_t size;
-} Tier;
-
-typedef struct {
-    PyObject_HEAD
-    Tier tiers[NUM_TIERS];
-    Py_ssize_t num_free;
-    Py_ssize_t num_taken;  /* never-hit data evicted (drives aging) */
-    Py_ssize_t clock;      /* blocks taken */
-    double reuse;          /* the longest recent reuse distance of hits */
-    double returns;        /* share of recent fresh evictions computed again */
-    Py_ssize_t watch_limit;
-    PyObject *evicted;     /* OrderedDict: fresh evictions watched */
-    /* the rules' constants, given at construction (hybrid.py's names) */
-    Py_ssize_t age_every;
-    double stale_age, reuse_decay, return_gate, return_weight;
-} HybridObject;
-
-static PyObject *slot_values[NUM_TIERS + 1];  /* -1, 0..5 as ints */
-static PyObject *ordered_dict_type;
-
-static inline int
-is_stack(int t)
-{
-    return t == EMPTY || t == FRESH;
-}
-
-static inline void
-set_slot(BlockObject *b, int t)
-{
-    Py_SETREF(b->queue_slot, Py_NewRef(slot_values[t + 1]));
-}
-
-/* ---- one tier as a linked list ------------------------------------------------- */
-
-static inline void
-push_tail(HybridObject *self, int t, BlockObject *b, Py_ssize_t released)
-{
-    Tier *tier = &self->tiers[t];
-    b->q_owner = self;
-    b->q_tier = t;
-    b->q_released = released;
-    b->q_next = NULL;
-    b->q_prev = tier->tail;
-    if (tier->tail != NULL)
-        tier->tail->q_next = b;
-    else
-        tier->head = b;
-    tier->tail = b;
-    tier->size++;
-    set_slot(b, t);
-}
-
-static inline void
-push_head(HybridObject *self, int t, BlockObject *b, Py_ssize_t released)
-{
-    Tier *tier = &self->tiers[t];
-    b->q_owner = self;
-    b->q_tier = t;
-    b->q_released = released;
-    b->q_prev = NULL;
-    b->q_next = tier->head;
-    if (tier->head != NULL)
-        tier->head->q_prev = b;
-    else
-        tier->tail = b;
-    tier->head = b;
-    tier->size++;
-    set_slot(b, t);
-}
-
-/* Takes b out of its tier; the list's reference passes to the caller. */
-static inline void
-unlink_block(HybridObject *self, BlockObject *b)
-{
-    Tier *tier = &self->tiers[b->q_tier];
-    if (b->q_prev != NULL)
-        b->q_prev->q_next = b->q_next;
-    else
-        tier->head = b->q_next;
-    if (b->q_next != NULL)
-        b->q_next->q_prev = b->q_prev;
-    else
-        tier->tail = b->q_prev;
-    tier->size--;
-    b->q_owner = NULL;
-    b->q_prev = b->q_next = NULL;
-    set_slot(b, -1);
-}
-
-/* The block a take removes from tier t (stacks: the tail, queues: the head). */
-static inline BlockObject *
-pop_block(HybridObject *self, int t, int from_tail)
-{
-    BlockObject *b = from_tail ? self->tiers[t].tail : self->tiers[t].head;
-    unlink_block(self, b);
-    return b;
-}
-
-static inline int
-queued_here(HybridObject *self, PyObject *obj)
-{
-    return PyObject_TypeCheck(obj, &HKV_BlockType) && BLOCK(obj)->q_owner == self;
-}
-
-/* ---- rules ----------------------------------------------------------------------- */
-
-static inline int
-rating_of(BlockObject *b)
-{
-    PyObject *v = b->value_hint;
-    if (v == NULL || !PyLong_Check(v))
-        return NOT_A_RATING;
-    long r = PyLong_AsLong(v);
-    if (r == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return NOT_A_RATING;
-    }
-    return r >= LOW_VALUE && r <= PROTECTED ? (int)r : NOT_A_RATING;
-}
+PyObject *hkv_slot_values[NUM_TIERS + 1];
 
 /* The tier a released block joins (add_free's rules). */
-static int
-tier_of(BlockObject *b)
+int
+hkv_hybrid_tier_of(BlockObject *b)
 {
     if (b->block_hash == Py_None)
         return EMPTY;
@@ -153,49 +28,6 @@ tier_of(BlockObject *b)
         return LOW;
     Py_ssize_t t = rating == JUNCTION ? hits + 1 : hits;
     return t == 0 ? FRESH : t == 1 ? HIT_ONCE : HIT_OFTEN;
-}
-
-/* Moves the least recently used block of each hit tier one tier down. */
-static void
-age(HybridObject *self)
-{
-    for (int t = HIT_ONCE; t <= HIT_OFTEN; t++) {
-        if (self->tiers[t].size == 0)
-            continue;
-        BlockObject *b = pop_block(self, t, 0);
-        if (is_stack(t - 1))
-            push_head(self, t - 1, b, b->q_released);  /* the bottom: taken last there */
-        else
-            push_tail(self, t - 1, b, b->q_released);
-    }
-}
-
-/* Counts never-hit data evicted (aging; the share that comes back). */
-static int
-evicted_fresh(HybridObject *self, BlockObject **blocks, Py_ssize_t n)
-{
-    Py_ssize_t before = self->num_taken;
-    self->num_taken += n;
-    for (Py_ssize_t i = self->num_taken / self->age_every - before / self->age_every; i > 0; i--)
-        age(self);
-    self->returns *= pow(1 - self->return_weight, (double)n);
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (blocks[i]->block_hash != Py_None &&
-            PyObject_SetItem(self->evicted, blocks[i]->block_hash, Py_None) < 0)
-            return -1;
-    while (PyObject_Size(self->evicted) > self->watch_limit) {
-        PyObject *it = PyObject_GetIter(self->evicted);
-        PyObject *oldest = it ? PyIter_Next(it) : NULL;
-        Py_XDECREF(it);
-        int rc = oldest == NULL ? -1 : PyObject_DelItem(self->evicted, oldest);
-        Py_XDECREF(oldest);
-        if (rc < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_RuntimeError, "the watched evictions changed");
-            return -1;
-        }
-    }
-    return 0;
 }
 
 /* ---- construction ------------------------------------------------------------------- */
@@ -239,13 +71,11 @@ hybrid_init(HybridObject *self, PyObject *args, PyObject *kwds)
             return -1;
         }
     }
-    PyObject *evicted = PyObject_CallNoArgs(ordered_dict_type);
-    if (evicted == NULL) {
+    if (hkv_watch_init(&self->watch) < 0) {
         Py_DECREF(seq);
         return -1;
     }
     clear_tiers(self);
-    Py_XSETREF(self->evicted, evicted);
     for (Py_ssize_t i = n - 1; i >= 0; i--) {  /* a stack: the first given on top */
         BlockObject *b = BLOCK(items[i]);
         if (b->q_owner == self)  /* given twice: the reference keeps its first place */
@@ -269,7 +99,8 @@ hybrid_init(HybridObject *self, PyObject *args, PyObject *kwds)
 static int
 hybrid_traverse(HybridObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->evicted);  /* blocks are not tracked by the collector */
+    Py_VISIT(self->watch.dict);  /* blocks are not tracked by the collector */
+    Py_VISIT(self->watch.view);
     return 0;
 }
 
@@ -277,7 +108,7 @@ static int
 hybrid_clear(HybridObject *self)
 {
     clear_tiers(self);
-    Py_CLEAR(self->evicted);
+    hkv_watch_clear(&self->watch);
     return 0;
 }
 
@@ -368,7 +199,7 @@ hybrid_add_free(HybridObject *self, PyObject *blocks)
     int any_fresh = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         BlockObject *b = BLOCK(items[i]);
-        int t = tier_of(b);
+        int t = hkv_hybrid_tier_of(b);
         if (t == FRESH) {
             any_fresh = 1;
             continue;
@@ -436,114 +267,10 @@ hybrid_remove(HybridObject *self, PyObject *block)
     return out;
 }
 
-/* Appends b to out (which takes the list's reference); -1 on error. */
-static inline int
-give(PyObject *out, BlockObject *b)
-{
-    int rc = PyList_Append(out, (PyObject *)b);
-    Py_DECREF(b);
-    return rc;
-}
-
-/* Takes up to `num_blocks` from the never-hit tier, or stale hit blocks before
- * them; within the tier, the bottom of the stack first while it is stale too. */
-static int
-take_fresh(HybridObject *self, PyObject *out, Py_ssize_t num_blocks)
-{
-    double limit = (double)(self->clock + PyList_GET_SIZE(out)) - self->stale_age * self->reuse;
-    Tier *fresh = &self->tiers[FRESH];
-    while (num_blocks && fresh->size) {
-        BlockObject *b = NULL;
-        for (int t = HIT_ONCE; t <= HIT_OFTEN && b == NULL; t++)
-            if (self->tiers[t].size && (double)self->tiers[t].head->q_released < limit)
-                b = pop_block(self, t, 0);  /* unused for too long */
-        if (b == NULL) {  /* the newest release first, unless the bottom is as stale */
-            b = pop_block(self, FRESH, (double)fresh->head->q_released >= limit);
-            if (evicted_fresh(self, &b, 1) < 0) {
-                Py_DECREF(b);
-                return -1;
-            }
-        }
-        if (give(out, b) < 0)
-            return -1;
-        num_blocks--;
-        limit += 1;
-    }
-    return 0;
-}
-
-/* Pops `count` blocks of tier t into out (and a C array for evicted_fresh). */
-static int
-take_run(HybridObject *self, int t, Py_ssize_t count, PyObject *out, BlockObject **taken)
-{
-    for (Py_ssize_t i = 0; i < count; i++) {
-        BlockObject *b = pop_block(self, t, is_stack(t));
-        taken[i] = b;
-        if (give(out, b) < 0)
-            return -1;
-    }
-    return 0;
-}
-
-static int
-first_non_empty(HybridObject *self)
-{
-    for (int t = 0; t < NUM_TIERS; t++)
-        if (self->tiers[t].size)
-            return t;
-    return -1;
-}
-
-static PyObject *
-take_blocks(HybridObject *self, Py_ssize_t num_blocks)
-{
-    int stale = self->returns >= self->return_gate && self->reuse > 0;  /* the stale-data rule */
-    PyObject *out = PyList_New(0);
-    BlockObject **taken = PyMem_Malloc(sizeof(BlockObject *) * (num_blocks ? num_blocks : 1));
-    if (out == NULL || taken == NULL)
-        goto fail;
-    while (PyList_GET_SIZE(out) < num_blocks) {  /* the lowest non-empty tier (aging may
-                                                    refill one) */
-        Py_ssize_t want = num_blocks - PyList_GET_SIZE(out);
-        int t = first_non_empty(self);
-        if (t == FRESH && stale) {
-            if (take_fresh(self, out, want) < 0)
-                goto fail;
-            continue;
-        }
-        Py_ssize_t count = want < self->tiers[t].size ? want : self->tiers[t].size;
-        if (take_run(self, t, count, out, taken) < 0)
-            goto fail;
-        /* only evicting data counts: empty and low-value blocks are no loss */
-        if (t == FRESH && evicted_fresh(self, taken, count) < 0)
-            goto fail;
-    }
-    PyMem_Free(taken);
-    self->num_free -= num_blocks;
-    self->clock += num_blocks;
-    return out;
-fail:
-    PyMem_Free(taken);
-    Py_XDECREF(out);
-    return PyErr_Occurred() ? NULL : PyErr_NoMemory();
-}
-
-static PyObject *
-hybrid_take(HybridObject *self, PyObject *arg)
-{
-    Py_ssize_t num_blocks = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
-    if (num_blocks == -1 && PyErr_Occurred())
-        return NULL;
-    if (num_blocks < 0 || num_blocks > self->num_free)
-        return PyErr_Format(PyExc_ValueError, "take: %zd blocks asked, %zd free", num_blocks,
-                            self->num_free);
-    return take_blocks(self, num_blocks);
-}
-
 static PyObject *
 hybrid_recomputed(HybridObject *self, PyObject *block_hash)
 {
-    if (PyObject_DelItem(self->evicted, block_hash) < 0)
+    if (hkv_watch_remove(&self->watch, block_hash) < 0)
         return NULL;
     self->returns += self->return_weight;
     Py_RETURN_NONE;
@@ -558,7 +285,7 @@ hybrid_hint_changed(HybridObject *self, PyObject *block)
     }
     BlockObject *b = BLOCK(block);
     unlink_block(self, b);  /* not a hit: no reuse distance */
-    int t = tier_of(b);
+    int t = hkv_hybrid_tier_of(b);
     push_tail(self, t, b, self->clock);  /* the list's reference moves with it */
     return Py_NewRef(Py_None);
 }
@@ -581,15 +308,26 @@ static PyMethodDef hybrid_methods[] = {
     {"add_free", (PyCFunction)hybrid_add_free, METH_O, NULL},
     {"remove", (PyCFunction)hybrid_remove, METH_O, NULL},
     {"remove_blocks", (PyCFunction)hybrid_remove_blocks, METH_O, NULL},
-    {"take", (PyCFunction)hybrid_take, METH_O, NULL},
+    {"take", (PyCFunction)hkv_hybrid_take, METH_O, NULL},
     {"recomputed", (PyCFunction)hybrid_recomputed, METH_O, NULL},
     {"hint_changed", (PyCFunction)hybrid_hint_changed, METH_O, NULL},
     {"uncache", (PyCFunction)hybrid_uncache, METH_O, NULL},
     {NULL},
 };
 
-static PyMemberDef hybrid_members[] = {
-    {"evicted", T_OBJECT_EX, offsetof(HybridObject, evicted), READONLY, NULL},
+static PyObject *
+hybrid_evicted(HybridObject *self, void *Py_UNUSED(closure))
+{
+    if (self->watch.view == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "evicted: the policy was not initialized");
+        return NULL;
+    }
+    return Py_NewRef(self->watch.view);
+}
+
+static PyGetSetDef hybrid_getset[] = {
+    {"evicted", (getter)hybrid_evicted, NULL,
+     "hashes of fresh data evicted, oldest first (a read-only mapping)", NULL},
     {NULL},
 };
 
@@ -601,18 +339,10 @@ static PySequenceMethods hybrid_as_sequence = {
 static PyObject *
 hybrid_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    if (slot_values[0] == NULL) {
+    if (hkv_slot_values[0] == NULL) {
         for (int t = -1; t < NUM_TIERS; t++)
-            if ((slot_values[t + 1] = PyLong_FromLong(t)) == NULL)
+            if ((hkv_slot_values[t + 1] = PyLong_FromLong(t)) == NULL)
                 return NULL;
-    }
-    if (ordered_dict_type == NULL) {
-        PyObject *collections = PyImport_ImportModule("collections");
-        ordered_dict_type = collections ? PyObject_GetAttrString(collections, "OrderedDict")
-                                        : NULL;
-        Py_XDECREF(collections);
-        if (ordered_dict_type == NULL)
-            return NULL;
     }
     return type->tp_alloc(type, 0);
 }
@@ -631,5 +361,5 @@ PyTypeObject HKV_HybridCoreType = {
     .tp_iter = (getiterfunc)hybrid_iter,
     .tp_as_sequence = &hybrid_as_sequence,
     .tp_methods = hybrid_methods,
-    .tp_members = hybrid_members,
+    .tp_getset = hybrid_getset,
 };

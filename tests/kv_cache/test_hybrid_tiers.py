@@ -48,6 +48,7 @@ class Twin:
             blocks = [native.Block(i) for i in range(num_blocks)]
             self.sides.append((make(blocks, rules), blocks))
         self.held: set[int] = set()
+        self.num_hashes = 0
         self.free = set(range(num_blocks))
 
     def each_block(self, i: int, **fields) -> None:
@@ -82,27 +83,43 @@ class Twin:
             self.each_block(i, block_hash=None)
             for policy, blocks in self.sides:
                 policy.uncache(blocks[i])
-        elif self.sides[1][0].evicted:
-            h = self.rng.choice(list(self.sides[1][0].evicted))
+        else:
+            self.recompute()
+
+    def recompute(self) -> None:
+        watched = list(self.sides[1][0].evicted)
+        if watched:
+            h = self.rng.choice(watched)
             for policy, _ in self.sides:
                 policy.recomputed(h)
 
-    def take(self) -> None:
-        n = min(self.rng.choice([1, 1, 1, 2, 5, len(self.free)]), len(self.free))
+    def new_hash(self) -> bytes | None:
+        """None (no data cached), data seen before, or new data."""
+        kind = self.rng.random()
+        if kind < 0.2:
+            return None
+        if kind < 0.4:
+            return self.rng.randrange(max(self.num_hashes, 1)).to_bytes(8, "little")
+        self.num_hashes += 1
+        return self.num_hashes.to_bytes(8, "little")
+
+    def take(self, n: int | None = None) -> None:
+        if n is None:
+            n = min(self.rng.choice([1, 1, 1, 2, 5, len(self.free)]), len(self.free))
         c_out, py_out = [policy.take(n) for policy, _ in self.sides]
         ids = [b.block_id for b in py_out]
         assert [b.block_id for b in c_out] == ids
         for i in ids:  # new data, as the pool resets a block it hands out
-            self.each_block(i, num_hits=0, value_hint=NORMAL_VALUE,
-                            block_hash=self.rng.choice([None, bytes([i % 7]) * 8 + bytes([i])]))
+            self.each_block(i, num_hits=0, value_hint=NORMAL_VALUE, block_hash=self.new_hash())
         self.free.difference_update(ids)
         self.held.update(ids)
 
-    def release(self) -> None:
-        ids = self.rng.sample(sorted(self.held), self.rng.randint(1, min(6, len(self.held))))
+    def release(self, fresh: bool = False, ids: list[int] | None = None) -> None:
+        if ids is None:
+            ids = self.rng.sample(sorted(self.held), self.rng.randint(1, min(6, len(self.held))))
         for i in ids:
-            self.each_block(i, num_hits=self.rng.choice([0, 0, 1, 2, 3]),
-                            value_hint=self.rng.choice(RATINGS))
+            self.each_block(i, num_hits=0 if fresh else self.rng.choice([0, 0, 1, 2, 3]),
+                            value_hint=NORMAL_VALUE if fresh else self.rng.choice(RATINGS))
         self.call("add_free", ids)
         self.held.difference_update(ids)
         self.free.update(ids)
@@ -131,6 +148,38 @@ def test_random_operations_decide_alike(native, rules, seed):
     twin.check()
     for _ in range(600):
         twin.step()
+        twin.check()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_many_watched_evictions_decide_alike(native, seed):
+    # a pool larger than the watch's first ring, fresh data evicted and recomputed often:
+    # the ring grows and is compacted along the way
+    rng = random.Random(seed)
+    twin = Twin(native, 150, RULES[seed % len(RULES)], rng)
+    for _ in range(4000):
+        if rng.random() < 0.8:  # mostly new data that is never hit
+            if twin.free and (rng.random() < 0.5 or not twin.held):
+                twin.take()
+            else:
+                twin.release(fresh=True)
+        elif rng.random() < 0.5 + 0.2 * seed:  # the watch with more or fewer holes
+            twin.recompute()
+        else:
+            twin.step()
+        twin.check()
+
+
+def test_the_watch_keeps_its_order_through_holes(native):
+    # every round evicts a pool of new data, then all but the oldest few watched hashes
+    # are computed again: the watch fills with holes behind them and is compacted
+    twin = Twin(native, 40, RULES[0], random.Random(1))
+    for round_ in range(16):
+        twin.take(len(twin.free))
+        twin.release(fresh=True, ids=sorted(twin.held))
+        for h in list(twin.sides[1][0].evicted)[1 + round_ % 3:]:
+            for policy, _ in twin.sides:
+                policy.recomputed(h)
         twin.check()
 
 
