@@ -74,8 +74,10 @@ STACKS = (EMPTY, FRESH)
 
 class HybridTiers:
     """The tiers and rules of `HybridPolicy` in Python: the reference that the C
-    extension's `HybridCore` matches decision for decision (it runs when built, with
-    the same constants; `HYBRIDKV_DISABLE_FASTPATH=1` runs this).
+    extension's `HybridCore` (`kv_cache/_fp_hybrid*.c`) matches decision for decision
+    (it runs when built, with the same constants; `HYBRIDKV_DISABLE_FASTPATH=1` runs
+    this). A rule changed here must be changed there too: tests/kv_cache/
+    test_hybrid_tiers.py and the replay digests compare the two.
 
     A free block's tier is kept in `Block.queue_slot` (-1 when not free); its
     entry in the tier holds the clock (blocks taken so far) at its release.
