@@ -20,7 +20,7 @@
  * reads and writes them as ints); the other fields are objects, as in a
  * slotted Python class (C converts the few ints it needs: small ints are
  * cached singletons). */
-typedef struct {
+typedef struct BlockObject {
     PyObject_HEAD
     PyObject *block_id;
     Py_ssize_t ref_cnt;
@@ -30,6 +30,13 @@ typedef struct {
     PyObject *value_hint;  /* a Rating */
     PyObject *queue_slot;
     PyObject *weakreflist;
+    /* the C eviction policy's links (_fp_hybrid.c; not seen from Python): the
+     * policy queueing the block (NULL: none), its tier there, its neighbours in
+     * that tier and the policy's clock when it was released */
+    void *q_owner;
+    struct BlockObject *q_prev, *q_next;
+    Py_ssize_t q_released;
+    int q_tier;
 } BlockObject;
 
 extern PyTypeObject HKV_BlockType;
@@ -149,6 +156,10 @@ typedef struct {
 } ManagerObject;
 
 extern PyTypeObject HKV_ManagerCoreType;
+
+/* ---- the hybrid eviction policy's tiers (_fp_hybrid.c) --------------------- */
+
+extern PyTypeObject HKV_HybridCoreType;
 
 /* ---- the paths (each file's entry points) ---------------------------------- */
 

@@ -48,10 +48,11 @@ the pool) nothing changes.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from hybridkv.kv_cache.eviction.base import JUNCTION, LOW_VALUE, PROTECTED, EvictionPolicy
+from hybridkv.kv_cache.fastpath import native
 
 if TYPE_CHECKING:
     from hybridkv.kv_cache.block_pool import Block
@@ -71,23 +72,31 @@ RETURN_WEIGHT = 1 / 256
 STACKS = (EMPTY, FRESH)
 
 
-class HybridPolicy(EvictionPolicy):
-    """Tiered free queue: empty, low value, fresh (newest first), hit once, hit often,
-    kept for a running request.
+class HybridTiers:
+    """The tiers and rules of `HybridPolicy` in Python: the reference that the C
+    extension's `HybridCore` (`kv_cache/_fp_hybrid*.c`) matches decision for decision
+    (it runs when built, with the same constants; `HYBRIDKV_DISABLE_FASTPATH=1` runs
+    this). A rule changed here must be changed there too: tests/kv_cache/
+    test_hybrid_tiers.py and the replay digests compare the two.
 
     A free block's tier is kept in `Block.queue_slot` (-1 when not free); its
     entry in the tier holds the clock (blocks taken so far) at its release.
     """
 
-    uses_hints = True
+    evicted: Mapping[bytes, object]
 
-    def __init__(self, blocks: Iterable[Block] = ()) -> None:
+    def __init__(self, blocks: Iterable[Block], rules: tuple[int, float, float, float, float]
+                 ) -> None:
+        # the module's constants when the policy was made (tests change them)
+        (self._age_every, self._stale_age, self._reuse_decay, self._return_gate,
+         self._return_weight) = rules
         self._tiers: list[OrderedDict[Block, int]] = [OrderedDict() for _ in range(6)]
         self._num_taken = 0  # never-hit data evicted (drives aging)
         self._clock = 0  # blocks taken
         self._reuse = 0.0  # the longest recent reuse distance of hits
         self._returns = 0.0  # share of recent fresh evictions computed again
-        self.evicted: OrderedDict[bytes, None] = OrderedDict()  # fresh evictions watched
+        self._watched: OrderedDict[bytes, None] = OrderedDict()  # fresh evictions watched
+        self.evicted = self._watched
         initial = list(blocks)
         for block in reversed(initial):  # a stack: the first given on top
             self._tiers[EMPTY][block] = 0
@@ -147,7 +156,7 @@ class HybridPolicy(EvictionPolicy):
 
     def remove_blocks(self, blocks: Sequence[Block]) -> None:
         tiers, clock = self._tiers, self._clock
-        reuse = self._reuse * REUSE_DECAY  # one hit, however many blocks
+        reuse = self._reuse * self._reuse_decay  # one hit, however many blocks
         for block in blocks:
             slot = block.queue_slot
             released = tiers[slot].pop(block)
@@ -160,7 +169,7 @@ class HybridPolicy(EvictionPolicy):
 
     def take(self, num_blocks: int) -> list[Block]:
         tiers = self._tiers
-        stale = self._returns >= RETURN_GATE and self._reuse > 0  # the stale-data rule is on
+        stale = self._returns >= self._return_gate and self._reuse > 0  # the stale-data rule is on
         if num_blocks == 1 and not stale:  # the common decode case
             for t, tier in enumerate(tiers):
                 if tier:
@@ -192,7 +201,7 @@ class HybridPolicy(EvictionPolicy):
         """Take up to `num_blocks` from the never-hit tier, or stale hit blocks before them;
         within the tier, the bottom of the stack first while it is stale too."""
         tiers, fresh = self._tiers, self._tiers[FRESH]
-        limit = self._clock + len(out) - STALE_AGE * self._reuse
+        limit = self._clock + len(out) - self._stale_age * self._reuse
         while num_blocks and fresh:
             for t in (HIT_ONCE, HIT_OFTEN):
                 tier = tiers[t]
@@ -211,10 +220,11 @@ class HybridPolicy(EvictionPolicy):
         """Count never-hit data evicted (aging; the share that comes back)."""
         before = self._num_taken
         self._num_taken += len(blocks)
-        for _ in range(self._num_taken // AGE_EVERY - before // AGE_EVERY):
+        every = self._age_every
+        for _ in range(self._num_taken // every - before // every):
             self._age()
-        self._returns *= (1 - RETURN_WEIGHT) ** len(blocks)
-        watched = self.evicted
+        self._returns *= (1 - self._return_weight) ** len(blocks)
+        watched = self._watched
         for block in blocks:
             if block.block_hash is not None:
                 watched[block.block_hash] = None
@@ -222,8 +232,8 @@ class HybridPolicy(EvictionPolicy):
             watched.popitem(last=False)
 
     def recomputed(self, block_hash: bytes) -> None:
-        del self.evicted[block_hash]
-        self._returns += RETURN_WEIGHT
+        del self._watched[block_hash]
+        self._returns += self._return_weight
 
     def _age(self) -> None:
         """Move the least recently used block of each hit tier one tier down."""
@@ -246,3 +256,19 @@ class HybridPolicy(EvictionPolicy):
         released = self._tiers[block.queue_slot].pop(block)
         self._tiers[EMPTY][block] = released  # on top: reused first
         block.queue_slot = EMPTY
+
+
+if TYPE_CHECKING:
+    TiersBase = HybridTiers
+else:  # the C tiers when built, else the Python reference
+    TiersBase = native.HybridCore if native is not None else HybridTiers
+
+
+class HybridPolicy(TiersBase, EvictionPolicy):
+    """Tiered free queue: empty, low value, fresh (newest first), hit once, hit often,
+    kept for a running request (the rules: this module's docstring)."""
+
+    uses_hints = True
+
+    def __init__(self, blocks: Iterable[Block] = ()) -> None:
+        super().__init__(blocks, (AGE_EVERY, STALE_AGE, REUSE_DECAY, RETURN_GATE, RETURN_WEIGHT))

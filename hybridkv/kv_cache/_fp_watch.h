@@ -1,0 +1,40 @@
+/* The hashes of evicted data an eviction policy watches for (_fp_watch.c):
+ * an insertion-ordered set with O(1) add, remove and drop-the-oldest.
+ *
+ * Python sees a read-only mapping (`view`) of a dict from each hash to its
+ * position in the order; a ring of (hash, position) entries in insertion
+ * order finds the oldest. Removing a hash empties its ring entry; the ring
+ * grows, or is compacted, when full. Adding a hash already watched keeps
+ * its place, as assigning an existing OrderedDict key does. */
+#ifndef HKV_FP_WATCH_H
+#define HKV_FP_WATCH_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+typedef struct {
+    PyObject *key;  /* NULL: removed */
+    PyObject *pos;  /* the dict's value for key */
+} WatchEntry;
+
+typedef struct {
+    PyObject *dict;  /* hash -> position */
+    PyObject *view;  /* types.MappingProxyType(dict) */
+    WatchEntry *ring;
+    Py_ssize_t cap;         /* a power of two */
+    Py_ssize_t head, tail;  /* positions of the oldest entry and the next one */
+} Watch;
+
+int hkv_watch_init(Watch *w);  /* empty; -1 on error (the old contents are released) */
+void hkv_watch_clear(Watch *w);
+int hkv_watch_add(Watch *w, PyObject *key);
+int hkv_watch_trim(Watch *w, Py_ssize_t limit);  /* forget the oldest while more are watched */
+int hkv_watch_remove(Watch *w, PyObject *key);   /* KeyError when not watched */
+
+static inline Py_ssize_t
+hkv_watch_size(Watch *w)
+{
+    return w->dict ? PyDict_GET_SIZE(w->dict) : 0;
+}
+
+#endif
