@@ -21,22 +21,12 @@ import subprocess
 import sys
 
 import fastpath_cases
-import pytest
 
 from hybridkv.kv_cache import fastpath
 from hybridkv.testing.digest import run_digests
 from hybridkv.tools.cli import version_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(scope="module")
-def native():
-    if fastpath.native is None:
-        if os.environ.get(fastpath.DISABLE_ENV) == "1":
-            pytest.skip(f"C fast path disabled ({fastpath.DISABLE_ENV}=1)")
-        pytest.fail(f"C fast path not built: {fastpath.NATIVE_ERROR}")
-    return fastpath.native
 
 
 def _python_reference(args: list[str]) -> str:

@@ -10,12 +10,10 @@ where aging and the stale-data rule trigger often.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 
-from hybridkv.kv_cache import fastpath
 from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE, PROTECTED
 from hybridkv.kv_cache.eviction import hybrid as hybrid_eviction
 from hybridkv.kv_cache.eviction.hybrid import HybridTiers
@@ -27,15 +25,6 @@ RULES = [
     (2, 1.5, 0.999, 0.0, 0.25),  # the stale rule is on as soon as a hit was seen
     (3, 0.5, 1.0, 0.2, 0.5),
 ]
-
-
-@pytest.fixture(scope="module")
-def native():
-    if fastpath.native is None:
-        if os.environ.get(fastpath.DISABLE_ENV) == "1":
-            pytest.skip(f"C fast path disabled ({fastpath.DISABLE_ENV}=1)")
-        pytest.fail(f"C fast path not built: {fastpath.NATIVE_ERROR}")
-    return fastpath.native
 
 
 class Twin:
