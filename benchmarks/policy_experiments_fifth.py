@@ -1,7 +1,9 @@
 """Fifth-round candidate eviction rules (agent loops against multi-turn).
 
-Built on `Reference` (the Python `hybrid`) of benchmarks/policy_experiments.py,
-which this file imports, so one plugin registers both rounds:
+Built on `Reference` (the Python `hybrid` before this round, without the LRU votes)
+of benchmarks/policy_experiments.py, which this file imports, so one plugin
+registers both rounds. `lru_vote` with its defaults is the rule `hybrid` adopted
+(the same decisions as `reference_now` there):
 
     python benchmarks/bench_policy_grid.py --out DIR \
         --plugin benchmarks/policy_experiments_fifth.py \
@@ -39,7 +41,7 @@ def ghost_age(down=0.02, up=0.02, low=0.25, high=3.0):
             self._stale_age = min(high, self._stale_age * (1 + up))
 
         def recomputed(self, block_hash):
-            if not self._watched[block_hash]:
+            if block_hash in self._watched and not self._watched[block_hash]:
                 self._stale_age = max(low, self._stale_age * (1 - down))
             super().recomputed(block_hash)
     return GhostAge
@@ -64,56 +66,56 @@ def lru_vote(weight=1 / 64, margin=1.0, back=4.0, ghosts=8, gated=False, access=
     class LruVote(Reference):
         def __init__(self, blocks=()):
             super().__init__(blocks)
-            self._released = {}  # free block -> (access clock, blocks free) at release
-            self._ghosts = OrderedDict()  # evicted hash -> the same + taken as hit data
-            self.evicted = self._ghosts  # the pool reports them when computed again
-            self._access = 0
-            self._lru_share = self._tier_share = 0.0
-            self._from_hit = set()
+            self._v_marks = {}  # free block -> (access clock, blocks free) at release
+            self._v_ghosts = OrderedDict()  # evicted hash -> the same + taken as hit data
+            self.evicted = self._v_ghosts  # the pool reports them when computed again
+            self._v_access = 0
+            self._v_lru = self._v_tiers = 0.0
+            self._v_from_hit = set()
 
         def _now(self):
-            return self._access if access else self._clock
+            return self._v_access if access else self._clock
 
         def _lru_order(self):
-            return self._lru_share > margin * self._tier_share
+            return self._v_lru > margin * self._v_tiers
 
-        def _vote(self, lru, n=1.0):
-            self._lru_share *= 1 - weight
-            self._tier_share *= 1 - weight
+        def _v_vote(self, lru, n=1.0):
+            self._v_lru *= 1 - weight
+            self._v_tiers *= 1 - weight
             if lru:
-                self._lru_share += weight * n
+                self._v_lru += weight * n
             else:
-                self._tier_share += weight * n
+                self._v_tiers += weight * n
 
         def add_free(self, blocks):
             blocks = list(blocks)
             mark = (self._now(), self._num_free)
             for b in blocks:
-                self._released[b] = mark
+                self._v_marks[b] = mark
             super().add_free(blocks)
 
         def remove_blocks(self, blocks):
             now = self._now()
             for b in blocks:
-                rel = self._released.pop(b, None)
+                rel = self._v_marks.pop(b, None)
                 if rel is not None and b.block_hash is not None and b.queue_slot >= FRESH \
                         and now - rel[0] >= rel[1]:
-                    self._vote(lru=False)  # a hit LRU would have missed
+                    self._v_vote(lru=False)  # a hit LRU would have missed
             super().remove_blocks(blocks)
-            self._access += len(blocks)
+            self._v_access += len(blocks)
 
         def take(self, num_blocks):
             lru = self._lru_order()
             if lru and whole:
-                out = _take_all_lru(self, num_blocks, self._from_hit)
+                out = _take_all_lru(self, num_blocks, self._v_from_hit)
             elif lru and not gated and self._returns < self._return_gate:
                 out = self._take_lru_order(num_blocks)
             else:
                 out = super().take(num_blocks)
-            self._access += len(out)
-            ghosts, from_hit = self._ghosts, self._from_hit
+            self._v_access += len(out)
+            ghosts, from_hit = self._v_ghosts, self._v_from_hit
             for b in out:
-                rel = self._released.pop(b, None)
+                rel = self._v_marks.pop(b, None)
                 if rel is not None and b.block_hash is not None:
                     ghosts[b.block_hash] = rel + (b in from_hit,)
                     ghosts.move_to_end(b.block_hash)
@@ -128,7 +130,7 @@ def lru_vote(weight=1 / 64, margin=1.0, back=4.0, ghosts=8, gated=False, access=
             while len(out) < num_blocks:
                 t = next(i for i, tier in enumerate(tiers) if tier)
                 if t == FRESH:
-                    _take_lru(self, out, 1, self._from_hit)
+                    _take_lru(self, out, 1, self._v_from_hit)
                     continue
                 block = tiers[t].popitem(last=t == 0)[0]  # the empty tier is a stack
                 block.queue_slot = -1
@@ -139,21 +141,24 @@ def lru_vote(weight=1 / 64, margin=1.0, back=4.0, ghosts=8, gated=False, access=
 
         def _take_fresh(self, out, num_blocks):
             if self._lru_order():
-                _take_lru(self, out, num_blocks, self._from_hit)
+                _take_lru(self, out, num_blocks, self._v_from_hit)
             else:
                 super()._take_fresh(out, num_blocks)
 
         def recomputed(self, block_hash):
-            if block_hash in self._watched:
+            if block_hash in self._ghosts:  # the base's memory (it never votes)
                 super().recomputed(block_hash)
-            rel = self._ghosts.pop(block_hash, None)
+            elif block_hash in self._watched:
+                del self._watched[block_hash]
+                self._returns += self._return_weight
+            rel = self._v_ghosts.pop(block_hash, None)
             if rel is None:
                 return
             if rel[2]:
                 if back:
-                    self._vote(lru=False, n=back)  # hit data LRU order dropped came back
+                    self._v_vote(lru=False, n=back)  # hit data LRU order dropped came back
             elif self._now() - rel[0] < rel[1]:
-                self._vote(lru=True)  # LRU would still have held it
+                self._v_vote(lru=True)  # LRU would still have held it
 
     def ghosts_limit(policy):
         return ghosts * policy._watch_limit
