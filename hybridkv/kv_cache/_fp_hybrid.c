@@ -8,8 +8,10 @@
  * every operation is O(1) per block whatever the pool size. The head of a
  * list is the front of the reference's OrderedDict, the tail its end; stacks
  * (empty, fresh) are taken from the tail, queues from the head. The watched
- * evictions are a Watch (_fp_watch.h): Python sees the same hashes in the same
- * order as the reference's OrderedDict. */
+ * fresh evictions and the remembered evicted hashes of the LRU votes are Watches
+ * (_fp_watch.h): Python sees the same hashes in the same order as the reference's
+ * OrderedDict (`evicted`: the remembered ones); each block carries its release
+ * marks for the votes (BlockObject.q_mark_*). */
 #include "_fp_hybrid.h"
 
 PyObject *hkv_slot_values[NUM_TIERS + 1];
