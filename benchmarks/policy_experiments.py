@@ -8,6 +8,9 @@ multi-turn), as policies built on the Python reference of `hybrid`
         --policies lru,hybrid,lru_while_dead,mean_dev --shapes agent_loop,multi_turn
 
 Each factory's arguments are the parameter the table's ranges were taken over.
+`Reference` and the variants run `hybrid` as it was in that round: its rules with
+the LRU votes of the fifth round off (`VOTE_WEIGHT` 0 never lets LRU order win);
+`reference_now` is `hybrid` as in use.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from hybridkv.kv_cache.eviction import hybrid as H
 from hybridkv.kv_cache.eviction.base import JUNCTION, LOW_VALUE, PROTECTED
 from hybridkv.kv_cache.eviction.hybrid import FRESH, HIT_OFTEN, HIT_ONCE, HybridTiers
 
-RULES = (H.AGE_EVERY, H.STALE_AGE, H.REUSE_DECAY, H.RETURN_GATE, H.RETURN_WEIGHT)
+RULES_NOW = (H.AGE_EVERY, H.STALE_AGE, H.REUSE_DECAY, H.RETURN_GATE, H.RETURN_WEIGHT,
+             H.VOTE_WEIGHT, H.VOTE_BACK, H.GHOST_POOLS)
+RULES = RULES_NOW[:5] + (0.0, 0.0, H.GHOST_POOLS)  # no LRU votes (before the fifth round)
 
 
 class Reference(HybridTiers, EvictionPolicy):
-    """`hybrid` in Python, with hooks for the variants below."""
+    """`hybrid` in Python (without the LRU votes), with hooks for the variants below."""
 
     uses_hints = True
     rules = RULES
@@ -65,10 +70,10 @@ class Reference(HybridTiers, EvictionPolicy):
                 self._watched.popitem(last=False)
 
     def recomputed(self, block_hash):
-        if self._watched.pop(block_hash):
+        if self._watched.get(block_hash):  # hit data a variant watches
+            del self._watched[block_hash]
             self._hit_returned()
-        else:
-            self._returns += self._return_weight
+        super().recomputed(block_hash)
 
     def _hit_returned(self):
         pass
@@ -161,7 +166,7 @@ class OftenBeforeOnce(Reference):
 class GateZero(Reference):
     """The stale rule always on."""
 
-    rules = RULES[:3] + (0.0, RULES[4])
+    rules = RULES[:3] + (0.0,) + RULES[4:]
 
 
 class StartsOn(Reference):
@@ -341,8 +346,15 @@ def own_reuse(factor=2.0):
     return OwnReuse
 
 
+class ReferenceNow(Reference):
+    """`hybrid` as in use (with the LRU votes)."""
+
+    rules = RULES_NOW
+
+
 EXPERIMENTS = {
     "reference": Reference,
+    "reference_now": ReferenceNow,
     "adaptive_age": adaptive_age(),
     "mean_dev": mean_dev(),
     "lru_while_dead": lru_while_dead(),

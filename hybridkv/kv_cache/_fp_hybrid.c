@@ -8,8 +8,10 @@
  * every operation is O(1) per block whatever the pool size. The head of a
  * list is the front of the reference's OrderedDict, the tail its end; stacks
  * (empty, fresh) are taken from the tail, queues from the head. The watched
- * evictions are a Watch (_fp_watch.h): Python sees the same hashes in the same
- * order as the reference's OrderedDict. */
+ * fresh evictions and the remembered evicted hashes of the LRU votes are Watches
+ * (_fp_watch.h): Python sees the same hashes in the same order as the reference's
+ * OrderedDict (`evicted`: the remembered ones); each block carries its release
+ * marks for the votes (BlockObject.q_mark_*). */
 #include "_fp_hybrid.h"
 
 PyObject *hkv_slot_values[NUM_TIERS + 1];
@@ -49,11 +51,11 @@ hybrid_init(HybridObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"blocks", "rules", NULL};
     PyObject *blocks;
-    Py_ssize_t age_every;
-    double stale_age, reuse_decay, return_gate, return_weight;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O(ndddd):HybridCore", kwlist, &blocks,
+    Py_ssize_t age_every, ghost_pools;
+    double stale_age, reuse_decay, return_gate, return_weight, vote_weight, vote_back;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O(nddddddn):HybridCore", kwlist, &blocks,
                                      &age_every, &stale_age, &reuse_decay, &return_gate,
-                                     &return_weight))
+                                     &return_weight, &vote_weight, &vote_back, &ghost_pools))
         return -1;
     if (age_every < 1) {
         PyErr_Format(PyExc_ValueError, "HybridCore: AGE_EVERY must be >= 1, got %zd", age_every);
@@ -71,10 +73,13 @@ hybrid_init(HybridObject *self, PyObject *args, PyObject *kwds)
             return -1;
         }
     }
-    if (hkv_watch_init(&self->watch) < 0) {
+    PyObject *info = PyDict_New();
+    if (info == NULL || hkv_watch_init(&self->watch) < 0 || hkv_watch_init(&self->ghosts) < 0) {
+        Py_XDECREF(info);
         Py_DECREF(seq);
         return -1;
     }
+    Py_XSETREF(self->ghost_info, info);
     clear_tiers(self);
     for (Py_ssize_t i = n - 1; i >= 0; i--) {  /* a stack: the first given on top */
         BlockObject *b = BLOCK(items[i]);
@@ -82,16 +87,22 @@ hybrid_init(HybridObject *self, PyObject *args, PyObject *kwds)
             continue;
         Py_INCREF(b);
         push_tail(self, EMPTY, b, 0);
+        b->q_mark_access = b->q_mark_free = 0;
     }
     self->num_free = n;
     self->num_taken = self->clock = 0;
     self->reuse = self->returns = 0.0;
+    self->access = 0;
+    self->lru_share = self->tier_share = 0.0;
     self->watch_limit = n > 1 ? n : 1;
     self->age_every = age_every;
     self->stale_age = stale_age;
     self->reuse_decay = reuse_decay;
     self->return_gate = return_gate;
     self->return_weight = return_weight;
+    self->vote_weight = vote_weight;
+    self->vote_back = vote_back;
+    self->ghost_pools = ghost_pools;
     Py_DECREF(seq);
     return 0;
 }
@@ -101,6 +112,9 @@ hybrid_traverse(HybridObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->watch.dict);  /* blocks are not tracked by the collector */
     Py_VISIT(self->watch.view);
+    Py_VISIT(self->ghosts.dict);
+    Py_VISIT(self->ghosts.view);
+    Py_VISIT(self->ghost_info);
     return 0;
 }
 
@@ -109,6 +123,8 @@ hybrid_clear(HybridObject *self)
 {
     clear_tiers(self);
     hkv_watch_clear(&self->watch);
+    hkv_watch_clear(&self->ghosts);
+    Py_CLEAR(self->ghost_info);
     return 0;
 }
 
@@ -199,6 +215,7 @@ hybrid_add_free(HybridObject *self, PyObject *blocks)
     int any_fresh = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         BlockObject *b = BLOCK(items[i]);
+        mark_release(self, b, self->num_free);
         int t = hkv_hybrid_tier_of(b);
         if (t == FRESH) {
             any_fresh = 1;
@@ -231,6 +248,9 @@ remove_checked(HybridObject *self, PyObject *seq)
         BlockObject *b = BLOCK(items[i]);
         int slot = b->q_tier;
         Py_ssize_t waited = clock - b->q_released;
+        if (b->block_hash != Py_None && slot >= FRESH &&
+            self->access - b->q_mark_access >= b->q_mark_free)
+            hkv_hybrid_vote(self, 0, 1.0);  /* a hit LRU would have missed */
         unlink_block(self, b);
         if (slot >= FRESH && slot <= HIT_OFTEN && (double)waited > reuse &&
             rating_of(b) != JUNCTION)
@@ -239,6 +259,7 @@ remove_checked(HybridObject *self, PyObject *seq)
     }
     self->reuse = reuse;
     self->num_free -= n;
+    self->access += n;
 }
 
 static PyObject *
@@ -267,12 +288,47 @@ hybrid_remove(HybridObject *self, PyObject *block)
     return out;
 }
 
+void
+hkv_hybrid_vote(HybridObject *self, int lru, double count)
+{
+    double keep = 1 - self->vote_weight;
+    self->lru_share *= keep;
+    self->tier_share *= keep;
+    if (lru)
+        self->lru_share += self->vote_weight * count;
+    else
+        self->tier_share += self->vote_weight * count;
+}
+
 static PyObject *
 hybrid_recomputed(HybridObject *self, PyObject *block_hash)
 {
-    if (hkv_watch_remove(&self->watch, block_hash) < 0)
+    int watched = self->watch.dict ? PyDict_Contains(self->watch.dict, block_hash) : 0;
+    if (watched < 0)
         return NULL;
-    self->returns += self->return_weight;
+    if (watched) {
+        if (hkv_watch_remove(&self->watch, block_hash) < 0)
+            return NULL;
+        self->returns += self->return_weight;
+    }
+    if (hkv_watch_remove(&self->ghosts, block_hash) < 0)  /* KeyError when not evicted */
+        return NULL;
+    PyObject *info = PyDict_GetItemWithError(self->ghost_info, block_hash);
+    if (info == NULL && !PyErr_Occurred())
+        PyErr_SetObject(PyExc_KeyError, block_hash);
+    if (info == NULL)
+        return NULL;
+    Py_INCREF(info);
+    Py_ssize_t released, free;
+    int from_hit;
+    int ok = PyArg_ParseTuple(info, "nnp", &released, &free, &from_hit);
+    Py_DECREF(info);
+    if (!ok || PyDict_DelItem(self->ghost_info, block_hash) < 0)
+        return NULL;
+    if (from_hit)
+        hkv_hybrid_vote(self, 0, self->vote_back);  /* hit data LRU order dropped came back */
+    else if (self->access - released < free)
+        hkv_hybrid_vote(self, 1, 1.0);  /* LRU would still have held it */
     Py_RETURN_NONE;
 }
 
@@ -284,7 +340,8 @@ hybrid_hint_changed(HybridObject *self, PyObject *block)
         return NULL;
     }
     BlockObject *b = BLOCK(block);
-    unlink_block(self, b);  /* not a hit: no reuse distance */
+    unlink_block(self, b);  /* not a hit: no reuse distance, no vote */
+    mark_release(self, b, self->num_free - 1);
     int t = hkv_hybrid_tier_of(b);
     push_tail(self, t, b, self->clock);  /* the list's reference moves with it */
     return Py_NewRef(Py_None);
@@ -318,16 +375,16 @@ static PyMethodDef hybrid_methods[] = {
 static PyObject *
 hybrid_evicted(HybridObject *self, void *Py_UNUSED(closure))
 {
-    if (self->watch.view == NULL) {
+    if (self->ghosts.view == NULL) {
         PyErr_SetString(PyExc_AttributeError, "evicted: the policy was not initialized");
         return NULL;
     }
-    return Py_NewRef(self->watch.view);
+    return Py_NewRef(self->ghosts.view);
 }
 
 static PyGetSetDef hybrid_getset[] = {
     {"evicted", (getter)hybrid_evicted, NULL,
-     "hashes of fresh data evicted, oldest first (a read-only mapping)", NULL},
+     "hashes of data evicted, oldest first (a read-only mapping)", NULL},
     {NULL},
 };
 

@@ -26,10 +26,15 @@ typedef struct {
     double reuse;          /* the longest recent reuse distance of hits */
     double returns;        /* share of recent fresh evictions computed again */
     Py_ssize_t watch_limit;
-    Watch watch;           /* fresh evictions watched (`evicted`) */
+    Watch watch;           /* fresh evictions watched */
+    Py_ssize_t access;     /* blocks taken and hit */
+    double lru_share, tier_share;  /* votes for LRU order and for the tiers */
+    Watch ghosts;          /* every evicted hash (`evicted`) */
+    PyObject *ghost_info;  /* dict: hash -> (access, free, taken as hit data); may hold
+                              hashes the ghosts forgot (pruned when twice as large) */
     /* the rules' constants, given at construction (hybrid.py's names) */
-    Py_ssize_t age_every;
-    double stale_age, reuse_decay, return_gate, return_weight;
+    Py_ssize_t age_every, ghost_pools;
+    double stale_age, reuse_decay, return_gate, return_weight, vote_weight, vote_back;
 } HybridObject;
 
 extern PyObject *hkv_slot_values[NUM_TIERS + 1];  /* -1, 0..5 as ints */
@@ -133,7 +138,15 @@ rating_of(BlockObject *b)
 }
 
 
+static inline void
+mark_release(HybridObject *self, BlockObject *b, Py_ssize_t free)
+{
+    b->q_mark_access = self->access;
+    b->q_mark_free = free;
+}
+
 int hkv_hybrid_tier_of(BlockObject *b);  /* the tier a released block joins */
+void hkv_hybrid_vote(HybridObject *self, int lru, double count);
 PyObject *hkv_hybrid_take(HybridObject *self, PyObject *num_blocks);  /* take(n) */
 
 #endif

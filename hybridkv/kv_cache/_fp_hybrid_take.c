@@ -1,6 +1,7 @@
 /* HybridCore.take: the next blocks to reuse, from the lowest non-empty tier;
- * aging, the stale-data rule and the watched evictions (the reference:
- * HybridTiers.take, _take_fresh, _evicted_fresh and _age in eviction/hybrid.py). */
+ * aging, the stale-data rule, LRU order while the LRU votes win, the watched and
+ * remembered evictions (the reference: HybridTiers.take, _take, _take_fresh,
+ * _take_lru, _evicted_fresh and _age in eviction/hybrid.py). */
 #include "_fp_hybrid.h"
 
 #include <math.h>
@@ -36,10 +37,58 @@ evicted_fresh(HybridObject *self, BlockObject **blocks, Py_ssize_t n)
     return hkv_watch_trim(&self->watch, self->watch_limit);
 }
 
-/* Appends b to out (which takes the list's reference); -1 on error. */
-static inline int
-give(PyObject *out, BlockObject *b)
+/* Forgets info on hashes the ghosts no longer hold, once it holds twice as many. */
+static int
+prune_ghost_info(HybridObject *self)
 {
+    if (PyDict_GET_SIZE(self->ghost_info) <= 2 * hkv_watch_size(&self->ghosts) + 64)
+        return 0;
+    PyObject *kept = PyDict_New(), *key, *value;
+    Py_ssize_t pos = 0;
+    while (kept != NULL && PyDict_Next(self->ghost_info, &pos, &key, &value)) {
+        int held = PyDict_Contains(self->ghosts.dict, key);
+        if (held < 0 || (held && PyDict_SetItem(kept, key, value) < 0))
+            Py_CLEAR(kept);
+    }
+    if (kept == NULL)
+        return -1;
+    Py_SETREF(self->ghost_info, kept);
+    return 0;
+}
+
+/* Remembers an evicted hash, newest last: its release marks and whether it was hit
+ * data taken in LRU order. */
+static int
+remember(HybridObject *self, BlockObject *b, int from_hit)
+{
+    PyObject *h = b->block_hash;
+    if (h == Py_None)
+        return 0;
+    int held = PyDict_Contains(self->ghosts.dict, h);
+    if (held < 0 || (held && hkv_watch_remove(&self->ghosts, h) < 0))
+        return -1;
+    PyObject *info = Py_BuildValue("(nnO)", b->q_mark_access, b->q_mark_free,
+                                   from_hit ? Py_True : Py_False);
+    if (info == NULL || hkv_watch_add(&self->ghosts, h) < 0 ||
+        PyDict_SetItem(self->ghost_info, h, info) < 0) {
+        Py_XDECREF(info);
+        return -1;
+    }
+    Py_DECREF(info);
+    if (hkv_watch_trim(&self->ghosts, self->ghost_pools * self->watch_limit) < 0)
+        return -1;
+    return prune_ghost_info(self);
+}
+
+/* Appends b to out (which takes the list's reference) and remembers its hash; -1 on
+ * error. */
+static inline int
+give(HybridObject *self, PyObject *out, BlockObject *b, int from_hit)
+{
+    if (remember(self, b, from_hit) < 0) {
+        Py_DECREF(b);
+        return -1;
+    }
     int rc = PyList_Append(out, (PyObject *)b);
     Py_DECREF(b);
     return rc;
@@ -64,10 +113,36 @@ take_fresh(HybridObject *self, PyObject *out, Py_ssize_t num_blocks)
                 return -1;
             }
         }
-        if (give(out, b) < 0)
+        if (give(self, out, b, 0) < 0)
             return -1;
         num_blocks--;
         limit += 1;
+    }
+    return 0;
+}
+
+/* Takes up to `num_blocks`, least recently released first, from the bottom of the
+ * never-hit stack and the fronts of the hit tiers (ties: the never-hit block). */
+static int
+take_lru(HybridObject *self, PyObject *out, Py_ssize_t num_blocks)
+{
+    Tier *fresh = &self->tiers[FRESH];
+    while (num_blocks && fresh->size) {
+        int best_t = FRESH;
+        Py_ssize_t best = fresh->head->q_released;
+        for (int t = HIT_ONCE; t <= HIT_OFTEN; t++)
+            if (self->tiers[t].size && self->tiers[t].head->q_released < best) {
+                best = self->tiers[t].head->q_released;
+                best_t = t;
+            }
+        BlockObject *b = pop_block(self, best_t, 0);
+        if (best_t == FRESH && evicted_fresh(self, &b, 1) < 0) {
+            Py_DECREF(b);
+            return -1;
+        }
+        if (give(self, out, b, best_t != FRESH) < 0)
+            return -1;
+        num_blocks--;
     }
     return 0;
 }
@@ -79,7 +154,7 @@ take_run(HybridObject *self, int t, Py_ssize_t count, PyObject *out, BlockObject
     for (Py_ssize_t i = 0; i < count; i++) {
         BlockObject *b = pop_block(self, t, is_stack(t));
         taken[i] = b;
-        if (give(out, b) < 0)
+        if (give(self, out, b, 0) < 0)
             return -1;
     }
     return 0;
@@ -97,7 +172,8 @@ first_non_empty(HybridObject *self)
 static PyObject *
 take_blocks(HybridObject *self, Py_ssize_t num_blocks)
 {
-    int stale = self->returns >= self->return_gate && self->reuse > 0;  /* the stale-data rule */
+    int lru = self->lru_share > self->tier_share;  /* LRU order for the never-hit tier */
+    int stale = lru || (self->returns >= self->return_gate && self->reuse > 0);
     PyObject *out = PyList_New(0);
     BlockObject **taken = PyMem_Malloc(sizeof(BlockObject *) * (num_blocks ? num_blocks : 1));
     if (out == NULL || taken == NULL)
@@ -107,7 +183,7 @@ take_blocks(HybridObject *self, Py_ssize_t num_blocks)
         Py_ssize_t want = num_blocks - PyList_GET_SIZE(out);
         int t = first_non_empty(self);
         if (t == FRESH && stale) {
-            if (take_fresh(self, out, want) < 0)
+            if ((lru ? take_lru(self, out, want) : take_fresh(self, out, want)) < 0)
                 goto fail;
             continue;
         }
@@ -121,6 +197,7 @@ take_blocks(HybridObject *self, Py_ssize_t num_blocks)
     PyMem_Free(taken);
     self->num_free -= num_blocks;
     self->clock += num_blocks;
+    self->access += num_blocks;
     return out;
 fail:
     PyMem_Free(taken);

@@ -240,3 +240,40 @@ def test_a_junction_hit_late_does_not_stretch_the_reuse_distance(monkeypatch):
     run = functools.partial(stale_scenario, monkeypatch, True, 6, defaults=True)
     assert run(late_hit=NORMAL_VALUE) == ["g", "a", "b"]
     assert run(late_hit=JUNCTION) == ["a", "b", "g"]
+
+
+def lru_vote_scenario(comes_back, hit_after=False):
+    """Three hit-once blocks h1..h3 and a never-hit block x are released (x with 3
+    blocks free ahead of it); x is taken at once (the newest never-hit release). If its
+    data is computed again one access later (`comes_back`), one LRU queue would still
+    have held it: a vote for LRU order. With `hit_after`, h2 (released with 1 block
+    free ahead of it) is then hit after 1 access: LRU would have dropped it, a vote
+    for the tiers. Then a never-hit block n is released; returns the id taken next."""
+    pool = BlockPool(8, eviction_policy="hybrid")
+    held = pool.get_new_blocks(7)  # ids 1..7; 7 blocks accessed
+    cached(pool, [b.block_id for b in held], b"v")
+    h1, h2, h3, x, n = held[:5]
+    for b in (h1, h2, h3):
+        b.num_hits = 1
+        pool.free_blocks([b])
+    x_hash = x.block_hash
+    pool.free_blocks([x])
+    assert pool.get_new_blocks(1) == [x]  # the never-hit tier first
+    if comes_back:
+        assert pool.cache_block(x, x_hash, 0)  # the policy remembers x's hash
+    if hit_after:
+        pool.touch([h2])
+    pool.free_blocks([n])
+    taken = take_ids(pool, 1)
+    pool.check_integrity()
+    return taken[0]
+
+
+def test_lru_order_while_lru_would_have_kept_more():
+    # no evidence: the newest never-hit release goes first
+    assert lru_vote_scenario(comes_back=False) == 5
+    # x came back while LRU would still have held it: least recently released first
+    # over the never-hit bottom and the hit tiers, so h1 (released first) goes
+    assert lru_vote_scenario(comes_back=True) == 1
+    # a hit LRU would have missed outweighs it (the older vote has decayed): the tiers
+    assert lru_vote_scenario(comes_back=True, hit_after=True) == 5

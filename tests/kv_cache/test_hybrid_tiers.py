@@ -21,9 +21,10 @@ from hybridkv.kv_cache.eviction.hybrid import HybridTiers
 RATINGS = (LOW_VALUE, NORMAL_VALUE, NORMAL_VALUE, JUNCTION, PROTECTED)
 RULES = [
     (hybrid_eviction.AGE_EVERY, hybrid_eviction.STALE_AGE, hybrid_eviction.REUSE_DECAY,
-     hybrid_eviction.RETURN_GATE, hybrid_eviction.RETURN_WEIGHT),
-    (2, 1.5, 0.999, 0.0, 0.25),  # the stale rule is on as soon as a hit was seen
-    (3, 0.5, 1.0, 0.2, 0.5),
+     hybrid_eviction.RETURN_GATE, hybrid_eviction.RETURN_WEIGHT, hybrid_eviction.VOTE_WEIGHT,
+     hybrid_eviction.VOTE_BACK, hybrid_eviction.GHOST_POOLS),
+    (2, 1.5, 0.999, 0.0, 0.25, 0.25, 4.0, 1),  # the stale rule is on once a hit was seen
+    (3, 0.5, 1.0, 0.2, 0.5, 0.5, 0.5, 2),  # votes swing LRU order on and off quickly
 ]
 
 

@@ -43,6 +43,20 @@ never-hit tier, and so is the bottom of the never-hit stack (the oldest
 releases and the data aging moved there) when it was released that long ago.
 When fresh evictions do not come back (unique questions, a cycle larger than
 the pool) nothing changes.
+
+Least recently used first, when that would have kept more: the policy
+remembers every evicted hash for GHOST_POOLS pools' worth of evictions and
+asks, on an access clock (blocks taken plus blocks hit), what one LRU queue
+would have done. A block released with f blocks free is still cached under
+LRU while fewer than f blocks were accessed since. Evicted data computed again
+that LRU would still have held votes for LRU order (a running agent's newest
+step, evicted while finished agents' older context stays); a hit on data LRU
+would have dropped votes for the tiers (the oldest multi-turn sessions kept
+whole), and so, VOTE_BACK times, does hit data taken in LRU order that is
+computed again. Each vote is a decaying share (VOTE_WEIGHT). While LRU's share
+is larger, the never-hit tier, when it is the lowest left, is taken least
+recently released first together with both hit tiers (the bottom of its stack
+or the front of a hit tier, whichever was released first).
 """
 
 from __future__ import annotations
@@ -67,6 +81,12 @@ STALE_AGE = 1.5
 REUSE_DECAY = 0.999
 RETURN_GATE = 0.1
 RETURN_WEIGHT = 1 / 256
+# LRU order while it would have kept more (see above): the weight of one vote, the
+# votes of hit data taken in LRU order that comes back, pools' worth of evicted
+# hashes remembered
+VOTE_WEIGHT = 1 / 64
+VOTE_BACK = 4.0
+GHOST_POOLS = 8
 # tiers kept as stacks (the end of the dict is taken first: new blocks go on top);
 # the others are queues (the front is taken first, new blocks join at the end)
 STACKS = (EMPTY, FRESH)
@@ -85,21 +105,29 @@ class HybridTiers:
 
     evicted: Mapping[bytes, object]
 
-    def __init__(self, blocks: Iterable[Block], rules: tuple[int, float, float, float, float]
-                 ) -> None:
+    def __init__(self, blocks: Iterable[Block],
+                 rules: tuple[int, float, float, float, float, float, float, int]) -> None:
         # the module's constants when the policy was made (tests change them)
         (self._age_every, self._stale_age, self._reuse_decay, self._return_gate,
-         self._return_weight) = rules
+         self._return_weight, self._vote_weight, self._vote_back, self._ghost_pools) = rules
         self._tiers: list[OrderedDict[Block, int]] = [OrderedDict() for _ in range(6)]
         self._num_taken = 0  # never-hit data evicted (drives aging)
         self._clock = 0  # blocks taken
         self._reuse = 0.0  # the longest recent reuse distance of hits
         self._returns = 0.0  # share of recent fresh evictions computed again
         self._watched: OrderedDict[bytes, None] = OrderedDict()  # fresh evictions watched
-        self.evicted = self._watched
+        self._access = 0  # blocks taken and hit
+        self._lru_share = self._tier_share = 0.0  # votes for LRU order and for the tiers
+        # a free block's access clock and blocks free at its release; every evicted hash's
+        # (the same, and whether it was hit data taken in LRU order)
+        self._marks: dict[Block, tuple[int, int]] = {}
+        self._from_hit: set[Block] = set()  # hit blocks taken in LRU order (in a take)
+        self._ghosts: OrderedDict[bytes, tuple[int, int, bool]] = OrderedDict()
+        self.evicted = self._ghosts
         initial = list(blocks)
         for block in reversed(initial):  # a stack: the first given on top
             self._tiers[EMPTY][block] = 0
+            self._marks[block] = (0, 0)
             block.queue_slot = EMPTY
         self._num_free = len(initial)
         self._watch_limit = max(len(initial), 1)
@@ -120,11 +148,13 @@ class HybridTiers:
         empty, low = tiers[EMPTY], tiers[LOW]
         protected, low_value, junction = PROTECTED, LOW_VALUE, JUNCTION
         count, clock = 0, self._clock
+        marks, mark = self._marks, (self._access, self._num_free)
         # a released block's tier: empty if it caches nothing; low if rated low value
         # and never hit (data that was hit proved its value whatever the rating);
         # else by hits, a junction rating counting as one more
         for block in blocks:
             count += 1
+            marks[block] = mark
             if block.block_hash is None:
                 block.queue_slot = EMPTY
                 empty[block] = clock
@@ -155,10 +185,13 @@ class HybridTiers:
         self.remove_blocks((block,))
 
     def remove_blocks(self, blocks: Sequence[Block]) -> None:
-        tiers, clock = self._tiers, self._clock
+        tiers, clock, marks, access = self._tiers, self._clock, self._marks, self._access
         reuse = self._reuse * self._reuse_decay  # one hit, however many blocks
         for block in blocks:
             slot = block.queue_slot
+            released, free = marks.pop(block)
+            if block.block_hash is not None and slot >= FRESH and access - released >= free:
+                self._vote(False, 1.0)  # a hit LRU would have missed
             released = tiers[slot].pop(block)
             block.queue_slot = -1
             if FRESH <= slot <= HIT_OFTEN and clock - released > reuse \
@@ -166,10 +199,26 @@ class HybridTiers:
                 reuse = clock - released
         self._reuse = reuse
         self._num_free -= len(blocks)
+        self._access += len(blocks)
 
     def take(self, num_blocks: int) -> list[Block]:
+        out = self._take(num_blocks)
+        ghosts, marks, from_hit = self._ghosts, self._marks, self._from_hit
+        for block in out:
+            mark = marks.pop(block)
+            if block.block_hash is not None:
+                ghosts[block.block_hash] = mark + (block in from_hit,)
+                ghosts.move_to_end(block.block_hash)
+        from_hit.clear()
+        while len(ghosts) > self._ghost_pools * self._watch_limit:
+            ghosts.popitem(last=False)
+        self._access += len(out)
+        return out
+
+    def _take(self, num_blocks: int) -> list[Block]:
         tiers = self._tiers
-        stale = self._returns >= self._return_gate and self._reuse > 0  # the stale-data rule is on
+        lru = self._lru_share > self._tier_share  # LRU order for the never-hit tier
+        stale = lru or self._returns >= self._return_gate and self._reuse > 0
         if num_blocks == 1 and not stale:  # the common decode case
             for t, tier in enumerate(tiers):
                 if tier:
@@ -184,7 +233,7 @@ class HybridTiers:
         while len(out) < num_blocks:  # from the lowest non-empty tier (aging may refill one)
             t = next(i for i, tier in enumerate(tiers) if tier)
             if t == FRESH and stale:
-                self._take_fresh(out, num_blocks - len(out))
+                (self._take_lru if lru else self._take_fresh)(out, num_blocks - len(out))
                 continue
             pop, top = tiers[t].popitem, t in STACKS
             taken = [pop(top)[0] for _ in range(min(num_blocks - len(out), len(tiers[t])))]
@@ -196,6 +245,25 @@ class HybridTiers:
         self._num_free -= len(out)
         self._clock += len(out)
         return out
+
+    def _take_lru(self, out: list[Block], num_blocks: int) -> None:
+        """Take up to `num_blocks`, least recently released first, from the bottom of the
+        never-hit stack and the fronts of the hit tiers (ties: the never-hit block)."""
+        tiers, fresh = self._tiers, self._tiers[FRESH]
+        while num_blocks and fresh:
+            best, best_t = fresh[next(iter(fresh))], FRESH
+            for t in (HIT_ONCE, HIT_OFTEN):
+                tier = tiers[t]
+                if tier and tier[next(iter(tier))] < best:
+                    best, best_t = tier[next(iter(tier))], t
+            block = tiers[best_t].popitem(last=False)[0]
+            if best_t == FRESH:
+                self._evicted_fresh([block])
+            else:
+                self._from_hit.add(block)
+            block.queue_slot = -1
+            out.append(block)
+            num_blocks -= 1
 
     def _take_fresh(self, out: list[Block], num_blocks: int) -> None:
         """Take up to `num_blocks` from the never-hit tier, or stale hit blocks before them;
@@ -232,8 +300,23 @@ class HybridTiers:
             watched.popitem(last=False)
 
     def recomputed(self, block_hash: bytes) -> None:
-        del self._watched[block_hash]
-        self._returns += self._return_weight
+        if block_hash in self._watched:
+            del self._watched[block_hash]
+            self._returns += self._return_weight
+        released, free, from_hit = self._ghosts.pop(block_hash)
+        if from_hit:
+            self._vote(False, self._vote_back)  # hit data LRU order dropped came back
+        elif self._access - released < free:
+            self._vote(True, 1.0)  # LRU would still have held it
+
+    def _vote(self, lru: bool, count: float) -> None:
+        keep = 1 - self._vote_weight
+        self._lru_share *= keep
+        self._tier_share *= keep
+        if lru:
+            self._lru_share += self._vote_weight * count
+        else:
+            self._tier_share += self._vote_weight * count
 
     def _age(self) -> None:
         """Move the least recently used block of each hit tier one tier down."""
@@ -248,7 +331,7 @@ class HybridTiers:
                 block.queue_slot = t - 1
 
     def hint_changed(self, block: Block) -> None:
-        del self._tiers[block.queue_slot][block]  # not a hit: no reuse distance
+        del self._tiers[block.queue_slot][block]  # not a hit: no reuse distance, no vote
         self._num_free -= 1
         self.add_free([block])
 
@@ -271,4 +354,5 @@ class HybridPolicy(TiersBase, EvictionPolicy):
     uses_hints = True
 
     def __init__(self, blocks: Iterable[Block] = ()) -> None:
-        super().__init__(blocks, (AGE_EVERY, STALE_AGE, REUSE_DECAY, RETURN_GATE, RETURN_WEIGHT))
+        super().__init__(blocks, (AGE_EVERY, STALE_AGE, REUSE_DECAY, RETURN_GATE, RETURN_WEIGHT,
+                                  VOTE_WEIGHT, VOTE_BACK, GHOST_POOLS))
