@@ -73,13 +73,10 @@ hybrid_init(HybridObject *self, PyObject *args, PyObject *kwds)
             return -1;
         }
     }
-    PyObject *info = PyDict_New();
-    if (info == NULL || hkv_watch_init(&self->watch) < 0 || hkv_watch_init(&self->ghosts) < 0) {
-        Py_XDECREF(info);
+    if (hkv_watch_init(&self->watch) < 0 || hkv_watch_init(&self->ghosts) < 0) {
         Py_DECREF(seq);
         return -1;
     }
-    Py_XSETREF(self->ghost_info, info);
     clear_tiers(self);
     for (Py_ssize_t i = n - 1; i >= 0; i--) {  /* a stack: the first given on top */
         BlockObject *b = BLOCK(items[i]);
@@ -114,7 +111,6 @@ hybrid_traverse(HybridObject *self, visitproc visit, void *arg)
     Py_VISIT(self->watch.view);
     Py_VISIT(self->ghosts.dict);
     Py_VISIT(self->ghosts.view);
-    Py_VISIT(self->ghost_info);
     return 0;
 }
 
@@ -124,7 +120,6 @@ hybrid_clear(HybridObject *self)
     clear_tiers(self);
     hkv_watch_clear(&self->watch);
     hkv_watch_clear(&self->ghosts);
-    Py_CLEAR(self->ghost_info);
     return 0;
 }
 
@@ -311,23 +306,12 @@ hybrid_recomputed(HybridObject *self, PyObject *block_hash)
             return NULL;
         self->returns += self->return_weight;
     }
-    if (hkv_watch_remove(&self->ghosts, block_hash) < 0)  /* KeyError when not evicted */
+    WatchInfo info;
+    if (hkv_watch_pop(&self->ghosts, block_hash, &info) < 0)  /* KeyError when not evicted */
         return NULL;
-    PyObject *info = PyDict_GetItemWithError(self->ghost_info, block_hash);
-    if (info == NULL && !PyErr_Occurred())
-        PyErr_SetObject(PyExc_KeyError, block_hash);
-    if (info == NULL)
-        return NULL;
-    Py_INCREF(info);
-    Py_ssize_t released, free;
-    int from_hit;
-    int ok = PyArg_ParseTuple(info, "nnp", &released, &free, &from_hit);
-    Py_DECREF(info);
-    if (!ok || PyDict_DelItem(self->ghost_info, block_hash) < 0)
-        return NULL;
-    if (from_hit)
+    if (info.from_hit)
         hkv_hybrid_vote(self, 0, self->vote_back);  /* hit data LRU order dropped came back */
-    else if (self->access - released < free)
+    else if (self->access - info.access < info.free)
         hkv_hybrid_vote(self, 1, 1.0);  /* LRU would still have held it */
     Py_RETURN_NONE;
 }

@@ -29,9 +29,8 @@ typedef struct {
     Watch watch;           /* fresh evictions watched */
     Py_ssize_t access;     /* blocks taken and hit */
     double lru_share, tier_share;  /* votes for LRU order and for the tiers */
-    Watch ghosts;          /* every evicted hash (`evicted`) */
-    PyObject *ghost_info;  /* dict: hash -> (access, free, taken as hit data); may hold
-                              hashes the ghosts forgot (pruned when twice as large) */
+    Watch ghosts;          /* every evicted hash (`evicted`), with its release marks and
+                              whether it was hit data taken in LRU order */
     /* the rules' constants, given at construction (hybrid.py's names) */
     Py_ssize_t age_every, ghost_pools;
     double stale_age, reuse_decay, return_gate, return_weight, vote_weight, vote_back;

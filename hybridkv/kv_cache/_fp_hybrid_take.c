@@ -37,25 +37,6 @@ evicted_fresh(HybridObject *self, BlockObject **blocks, Py_ssize_t n)
     return hkv_watch_trim(&self->watch, self->watch_limit);
 }
 
-/* Forgets info on hashes the ghosts no longer hold, once it holds twice as many. */
-static int
-prune_ghost_info(HybridObject *self)
-{
-    if (PyDict_GET_SIZE(self->ghost_info) <= 2 * hkv_watch_size(&self->ghosts) + 64)
-        return 0;
-    PyObject *kept = PyDict_New(), *key, *value;
-    Py_ssize_t pos = 0;
-    while (kept != NULL && PyDict_Next(self->ghost_info, &pos, &key, &value)) {
-        int held = PyDict_Contains(self->ghosts.dict, key);
-        if (held < 0 || (held && PyDict_SetItem(kept, key, value) < 0))
-            Py_CLEAR(kept);
-    }
-    if (kept == NULL)
-        return -1;
-    Py_SETREF(self->ghost_info, kept);
-    return 0;
-}
-
 /* Remembers an evicted hash, newest last: its release marks and whether it was hit
  * data taken in LRU order. */
 static int
@@ -64,20 +45,10 @@ remember(HybridObject *self, BlockObject *b, int from_hit)
     PyObject *h = b->block_hash;
     if (h == Py_None)
         return 0;
-    int held = PyDict_Contains(self->ghosts.dict, h);
-    if (held < 0 || (held && hkv_watch_remove(&self->ghosts, h) < 0))
+    WatchInfo info = {b->q_mark_access, b->q_mark_free, from_hit};
+    if (hkv_watch_put(&self->ghosts, h, info) < 0)
         return -1;
-    PyObject *info = Py_BuildValue("(nnO)", b->q_mark_access, b->q_mark_free,
-                                   from_hit ? Py_True : Py_False);
-    if (info == NULL || hkv_watch_add(&self->ghosts, h) < 0 ||
-        PyDict_SetItem(self->ghost_info, h, info) < 0) {
-        Py_XDECREF(info);
-        return -1;
-    }
-    Py_DECREF(info);
-    if (hkv_watch_trim(&self->ghosts, self->ghost_pools * self->watch_limit) < 0)
-        return -1;
-    return prune_ghost_info(self);
+    return hkv_watch_trim(&self->ghosts, self->ghost_pools * self->watch_limit);
 }
 
 /* Appends b to out (which takes the list's reference) and remembers its hash; -1 on

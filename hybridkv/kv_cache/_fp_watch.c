@@ -90,7 +90,7 @@ compact(Watch *w)
         WatchEntry *e = entry(w, p);
         if (e->key == NULL)
             continue;
-        ring[n].key = e->key;  /* borrowed until every new position exists */
+        ring[n] = *e;  /* the key borrowed until every new position exists */
         ring[n].pos = PyLong_FromSsize_t(n);
         if (ring[n++].pos == NULL)
             return drop_new(ring, n);
@@ -117,12 +117,10 @@ make_room(Watch *w)
     return PyDict_GET_SIZE(w->dict) <= w->cap / 2 ? compact(w) : grow(w);
 }
 
-int
-hkv_watch_add(Watch *w, PyObject *key)
+/* Adds `key`, known not to be watched, as the newest entry. */
+static int
+append(Watch *w, PyObject *key)
 {
-    int known = PyDict_Contains(w->dict, key);
-    if (known != 0)
-        return known < 0 ? -1 : 0;  /* watched already: it keeps its place */
     if (w->tail - w->head == w->cap && make_room(w) < 0)
         return -1;
     PyObject *pos = PyLong_FromSsize_t(w->tail);
@@ -134,6 +132,15 @@ hkv_watch_add(Watch *w, PyObject *key)
     e->key = Py_NewRef(key);
     e->pos = pos;
     return 0;
+}
+
+int
+hkv_watch_add(Watch *w, PyObject *key)
+{
+    int known = PyDict_Contains(w->dict, key);
+    if (known != 0)
+        return known < 0 ? -1 : 0;  /* watched already: it keeps its place */
+    return append(w, key);
 }
 
 /* Skips removed entries at the front. */
@@ -161,27 +168,60 @@ hkv_watch_trim(Watch *w, Py_ssize_t limit)
     return 0;
 }
 
-int
-hkv_watch_remove(Watch *w, PyObject *key)
+/* The live entry of `key`; NULL with KeyError when not watched. */
+static WatchEntry *
+find(Watch *w, PyObject *key)
 {
     PyObject *pos = PyDict_GetItemWithError(w->dict, key);
     if (pos == NULL) {
         if (!PyErr_Occurred())
             PyErr_SetObject(PyExc_KeyError, key);
-        return -1;
+        return NULL;
     }
     Py_ssize_t p = PyLong_AsSsize_t(pos);
     if (p == -1 && PyErr_Occurred())
-        return -1;
+        return NULL;
     if (p < w->head || p >= w->tail || entry(w, p)->pos != pos) {
         PyErr_SetString(PyExc_RuntimeError, "watched evictions out of order");
-        return -1;
+        return NULL;
     }
-    WatchEntry *e = entry(w, p);
-    if (PyDict_DelItem(w->dict, key) < 0)
+    return entry(w, p);
+}
+
+static int
+drop(Watch *w, WatchEntry *e)
+{
+    if (PyDict_DelItem(w->dict, e->key) < 0)
         return -1;
     Py_CLEAR(e->key);
     Py_CLEAR(e->pos);
     advance(w);
+    return 0;
+}
+
+int
+hkv_watch_remove(Watch *w, PyObject *key)
+{
+    WatchEntry *e = find(w, key);
+    return e == NULL ? -1 : drop(w, e);
+}
+
+int
+hkv_watch_pop(Watch *w, PyObject *key, WatchInfo *info)
+{
+    WatchEntry *e = find(w, key);
+    if (e == NULL)
+        return -1;
+    *info = e->info;
+    return drop(w, e);
+}
+
+int
+hkv_watch_put(Watch *w, PyObject *key, WatchInfo info)
+{
+    int known = PyDict_Contains(w->dict, key);
+    if (known < 0 || (known && hkv_watch_remove(w, key) < 0) || append(w, key) < 0)
+        return -1;
+    entry(w, w->tail - 1)->info = info;
     return 0;
 }

@@ -5,7 +5,8 @@
  * position in the order; a ring of (hash, position) entries in insertion
  * order finds the oldest. Removing a hash empties its ring entry; the ring
  * grows, or is compacted, when full. Adding a hash already watched keeps
- * its place, as assigning an existing OrderedDict key does. */
+ * its place, as assigning an existing OrderedDict key does. Each entry can carry
+ * a small record (`WatchInfo`) kept with it in the ring. */
 #ifndef HKV_FP_WATCH_H
 #define HKV_FP_WATCH_H
 
@@ -13,8 +14,14 @@
 #include <Python.h>
 
 typedef struct {
+    Py_ssize_t access, free;  /* the LRU votes' release marks (_fp_hybrid.c) */
+    int from_hit;
+} WatchInfo;
+
+typedef struct {
     PyObject *key;  /* NULL: removed */
     PyObject *pos;  /* the dict's value for key */
+    WatchInfo info;
 } WatchEntry;
 
 typedef struct {
@@ -30,6 +37,10 @@ void hkv_watch_clear(Watch *w);
 int hkv_watch_add(Watch *w, PyObject *key);
 int hkv_watch_trim(Watch *w, Py_ssize_t limit);  /* forget the oldest while more are watched */
 int hkv_watch_remove(Watch *w, PyObject *key);   /* KeyError when not watched */
+/* add `key` as the newest with `info` (moved there if watched already) */
+int hkv_watch_put(Watch *w, PyObject *key, WatchInfo info);
+/* remove `key`, its record in *info; KeyError when not watched */
+int hkv_watch_pop(Watch *w, PyObject *key, WatchInfo *info);
 
 static inline Py_ssize_t
 hkv_watch_size(Watch *w)

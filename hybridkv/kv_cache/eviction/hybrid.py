@@ -86,7 +86,7 @@ RETURN_WEIGHT = 1 / 256
 # hashes remembered
 VOTE_WEIGHT = 1 / 64
 VOTE_BACK = 4.0
-GHOST_POOLS = 8
+GHOST_POOLS = 4
 # tiers kept as stacks (the end of the dict is taken first: new blocks go on top);
 # the others are queues (the front is taken first, new blocks join at the end)
 STACKS = (EMPTY, FRESH)
