@@ -117,32 +117,6 @@ make_room(Watch *w)
     return PyDict_GET_SIZE(w->dict) <= w->cap / 2 ? compact(w) : grow(w);
 }
 
-/* Adds `key`, known not to be watched, as the newest entry. */
-static int
-append(Watch *w, PyObject *key)
-{
-    if (w->tail - w->head == w->cap && make_room(w) < 0)
-        return -1;
-    PyObject *pos = PyLong_FromSsize_t(w->tail);
-    if (pos == NULL || PyDict_SetItem(w->dict, key, pos) < 0) {
-        Py_XDECREF(pos);
-        return -1;
-    }
-    WatchEntry *e = entry(w, w->tail++);
-    e->key = Py_NewRef(key);
-    e->pos = pos;
-    return 0;
-}
-
-int
-hkv_watch_add(Watch *w, PyObject *key)
-{
-    int known = PyDict_Contains(w->dict, key);
-    if (known != 0)
-        return known < 0 ? -1 : 0;  /* watched already: it keeps its place */
-    return append(w, key);
-}
-
 /* Skips removed entries at the front. */
 static void
 advance(Watch *w)
@@ -168,6 +142,20 @@ hkv_watch_trim(Watch *w, Py_ssize_t limit)
     return 0;
 }
 
+/* The live entry at the dict value `pos`; NULL with an error if out of order. */
+static WatchEntry *
+entry_at(Watch *w, PyObject *pos)
+{
+    Py_ssize_t p = PyLong_AsSsize_t(pos);
+    if (p == -1 && PyErr_Occurred())
+        return NULL;
+    if (p < w->head || p >= w->tail || entry(w, p)->pos != pos) {
+        PyErr_SetString(PyExc_RuntimeError, "watched evictions out of order");
+        return NULL;
+    }
+    return entry(w, p);
+}
+
 /* The live entry of `key`; NULL with KeyError when not watched. */
 static WatchEntry *
 find(Watch *w, PyObject *key)
@@ -178,14 +166,50 @@ find(Watch *w, PyObject *key)
             PyErr_SetObject(PyExc_KeyError, key);
         return NULL;
     }
-    Py_ssize_t p = PyLong_AsSsize_t(pos);
-    if (p == -1 && PyErr_Occurred())
-        return NULL;
-    if (p < w->head || p >= w->tail || entry(w, p)->pos != pos) {
-        PyErr_SetString(PyExc_RuntimeError, "watched evictions out of order");
-        return NULL;
+    return entry_at(w, pos);
+}
+
+/* Adds `key` as the newest entry, with one dict lookup when it is new. Watched
+ * already: it keeps its place, or (`move`) becomes the newest. 1 when added or
+ * moved, 0 when it kept its place, -1 on error. */
+static int
+place(Watch *w, PyObject *key, int move)
+{
+    if (w->tail - w->head == w->cap && make_room(w) < 0)
+        return -1;
+    PyObject *pos = PyLong_FromSsize_t(w->tail);
+    if (pos == NULL)
+        return -1;
+    PyObject *old = PyDict_SetDefault(w->dict, key, pos);  /* borrowed */
+    if (old == NULL) {
+        Py_DECREF(pos);
+        return -1;
     }
-    return entry(w, p);
+    if (old != pos) {  /* watched already */
+        WatchEntry *e = move ? entry_at(w, old) : NULL;
+        if (!move || e == NULL) {
+            Py_DECREF(pos);
+            return move ? -1 : 0;
+        }
+        /* deleted and inserted again: the key moves to the end of the dict's order */
+        if (PyDict_DelItem(w->dict, key) < 0 || PyDict_SetItem(w->dict, key, pos) < 0) {
+            Py_DECREF(pos);
+            return -1;
+        }
+        Py_CLEAR(e->key);
+        Py_CLEAR(e->pos);
+        advance(w);
+    }
+    WatchEntry *e = entry(w, w->tail++);
+    e->key = Py_NewRef(key);
+    e->pos = pos;
+    return 1;
+}
+
+int
+hkv_watch_add(Watch *w, PyObject *key)
+{
+    return place(w, key, 0) < 0 ? -1 : 0;
 }
 
 static int
@@ -219,8 +243,7 @@ hkv_watch_pop(Watch *w, PyObject *key, WatchInfo *info)
 int
 hkv_watch_put(Watch *w, PyObject *key, WatchInfo info)
 {
-    int known = PyDict_Contains(w->dict, key);
-    if (known < 0 || (known && hkv_watch_remove(w, key) < 0) || append(w, key) < 0)
+    if (place(w, key, 1) < 0)
         return -1;
     entry(w, w->tail - 1)->info = info;
     return 0;
