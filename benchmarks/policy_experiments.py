@@ -122,11 +122,7 @@ def lru_while_dead(weight=1 / 64, gate=0.05):
                 return super()._take_fresh(out, num_blocks)
             tiers, fresh = self._tiers, self._tiers[FRESH]
             while num_blocks and fresh:
-                best, best_t = fresh[next(iter(fresh))], FRESH
-                for t in (HIT_ONCE, HIT_OFTEN):
-                    tier = tiers[t]
-                    if tier and tier[next(iter(tier))] < best:
-                        best, best_t = tier[next(iter(tier))], t
+                best_t = self._oldest_tier()
                 block = tiers[best_t].popitem(last=False)[0]
                 if best_t == FRESH:
                     self._evicted_fresh([block])

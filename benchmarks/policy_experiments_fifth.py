@@ -203,11 +203,7 @@ def _take_lru(policy, out, num_blocks, from_hit):
     (hit blocks taken are noted in `from_hit`)."""
     tiers, fresh = policy._tiers, policy._tiers[FRESH]
     while num_blocks and fresh:
-        best, best_t = fresh[next(iter(fresh))], FRESH
-        for t in (HIT_ONCE, HIT_OFTEN):
-            tier = tiers[t]
-            if tier and tier[next(iter(tier))] < best:
-                best, best_t = tier[next(iter(tier))], t
+        best_t = policy._oldest_tier()
         block = tiers[best_t].popitem(last=False)[0]
         if best_t == FRESH:
             policy._evicted_fresh([block])

@@ -246,16 +246,24 @@ class HybridTiers:
         self._clock += len(out)
         return out
 
+    def _oldest_tier(self) -> int:
+        """Of the bottom of the never-hit stack (not empty) and the fronts of the hit
+        tiers, the tier of the block released first (ties: the never-hit one)."""
+        tiers = self._tiers
+        fresh = tiers[FRESH]
+        best, best_t = fresh[next(iter(fresh))], FRESH
+        for t in (HIT_ONCE, HIT_OFTEN):
+            tier = tiers[t]
+            if tier and tier[next(iter(tier))] < best:
+                best, best_t = tier[next(iter(tier))], t
+        return best_t
+
     def _take_lru(self, out: list[Block], num_blocks: int) -> None:
         """Take up to `num_blocks`, least recently released first, from the bottom of the
         never-hit stack and the fronts of the hit tiers (ties: the never-hit block)."""
         tiers, fresh = self._tiers, self._tiers[FRESH]
         while num_blocks and fresh:
-            best, best_t = fresh[next(iter(fresh))], FRESH
-            for t in (HIT_ONCE, HIT_OFTEN):
-                tier = tiers[t]
-                if tier and tier[next(iter(tier))] < best:
-                    best, best_t = tier[next(iter(tier))], t
+            best_t = self._oldest_tier()
             block = tiers[best_t].popitem(last=False)[0]
             if best_t == FRESH:
                 self._evicted_fresh([block])
