@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 from server_process import ServerProcess, serve, wait_until  # noqa: F401 - re-exported
 
 
@@ -33,3 +34,16 @@ def complete(router: ServerProcess, prompt: list[int], **kwargs) -> tuple[str, i
         max_tokens=kwargs.pop("max_tokens", 1), temperature=0, **kwargs)
     body = raw.parse()
     return raw.headers["x-hybridkv-backend"], body.usage.prompt_tokens_details.cached_tokens
+
+
+def wait_idle(router: ServerProcess, model: str = "gemma3-tiny") -> None:
+    """Until the router sees no load anywhere: the backends' polled loads can still
+    show a finished request running, and a routing claim about an idle cluster must
+    not depend on that (a stale request above the average outweighs a short document)."""
+    def idle() -> bool:
+        reply = httpx.post(f"{router.url}/route/explain", json={"model": model, "prompt": [3]},
+                           timeout=30)
+        assert reply.status_code == 200, reply.text
+        return all(b["in_flight"] + b["waiting"] + b["running"] + b["pending_tokens"] == 0
+                   for b in reply.json()["backends"].values())
+    wait_until(idle, what="idle backends")

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 pytest.importorskip("hybridkv.serving.server", reason="needs `hybridkv serve` in this build")
-from http_helpers import complete, route, start_backend, wait_until  # noqa: E402
+from http_helpers import complete, route, start_backend, wait_idle, wait_until  # noqa: E402
 
 MODEL = "gemma3-tiny"
 BLOCK = 16
@@ -60,15 +60,6 @@ def explain(router, prompt: list[int], **extra) -> dict:
                                                             **extra}, timeout=30)
     assert reply.status_code == 200, reply.text
     return reply.json()
-
-
-def wait_idle(router) -> None:
-    """Until the router sees no load anywhere: the backends' polled loads can still
-    show a finished request running, and a routing claim here is about an idle
-    cluster (a stale request above the average outweighs a short document)."""
-    wait_until(lambda: all(b["in_flight"] + b["waiting"] + b["running"] + b["pending_tokens"]
-                           == 0 for b in explain(router, [3])["backends"].values()),
-               what="idle backends")
 
 
 def direct(backend, prompt: list[int], **extra) -> int:

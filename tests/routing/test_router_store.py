@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 pytest.importorskip("hybridkv.serving.server", reason="needs `hybridkv serve` in this build")
-from http_helpers import complete, route, start_backend, wait_until  # noqa: E402
+from http_helpers import complete, route, start_backend, wait_idle, wait_until  # noqa: E402
 
 MODEL = "gemma3-tiny"  # 3 sliding-window groups (window 32) + 1 full-attention group
 BLOCK = 16
@@ -96,6 +96,7 @@ def test_evicted_document_still_counted_through_the_store(cluster):
     salted = explain(router, question, cache_salt="tenant-2")
     assert salted["A"]["store_tokens"] == salted["B"]["store_tokens"] == 0
 
+    wait_idle(router)
     backend, cached = complete(router, question)
     assert cached == 6 * BLOCK, (backend, cached)  # loaded from the store, not recomputed
     metrics = router.metrics()
@@ -120,5 +121,6 @@ def test_store_weight_keeps_pool_hits_first(cluster):
         view = explain(router, question)
         return view["A"]["store_tokens"] == 4 * BLOCK and view["B"]["reusable_tokens"] == 64
     wait_until(seen, timeout=30, what="A's copy in the store and B's in its pool")
+    wait_idle(router)
     backend, cached = complete(router, question)
     assert (backend, cached) == ("B", 4 * BLOCK)
