@@ -32,12 +32,12 @@ typedef struct BlockObject {
     PyObject *weakreflist;
     /* the C eviction policy's links (_fp_hybrid.c; not seen from Python): the
      * policy queueing the block (NULL: none), its tier there, its neighbours in
-     * that tier and the policy's clock when it was released; its access clock
-     * and the blocks free then (the LRU votes) */
+     * that tier and the policy's clock when it was released; its release mark in
+     * one LRU queue, number and base (the LRU votes, _fp_lrupos.h) */
     void *q_owner;
     struct BlockObject *q_prev, *q_next;
     Py_ssize_t q_released;
-    Py_ssize_t q_mark_access, q_mark_free;
+    Py_ssize_t q_mark_number, q_mark_base;
     int q_tier;
 } BlockObject;
 

@@ -11,7 +11,7 @@
  * fresh evictions and the remembered evicted hashes of the LRU votes are Watches
  * (_fp_watch.h): Python sees the same hashes in the same order as the reference's
  * OrderedDict (`evicted`: the remembered ones); each block carries its release
- * marks for the votes (BlockObject.q_mark_*). */
+ * marks in one LRU queue for the votes (BlockObject.q_mark_*, _fp_lrupos.h). */
 #include "_fp_hybrid.h"
 
 PyObject *hkv_slot_values[NUM_TIERS + 1];
@@ -73,7 +73,8 @@ hybrid_init(HybridObject *self, PyObject *args, PyObject *kwds)
             return -1;
         }
     }
-    if (hkv_watch_init(&self->watch) < 0 || hkv_watch_init(&self->ghosts) < 0) {
+    if (hkv_watch_init(&self->watch) < 0 || hkv_watch_init(&self->ghosts) < 0 ||
+        hkv_lrupos_init(&self->lru, hkv_lrupos_capacity(ghost_pools, n > 1 ? n : 1)) < 0) {
         Py_DECREF(seq);
         return -1;
     }
@@ -84,12 +85,11 @@ hybrid_init(HybridObject *self, PyObject *args, PyObject *kwds)
             continue;
         Py_INCREF(b);
         push_tail(self, EMPTY, b, 0);
-        b->q_mark_access = b->q_mark_free = 0;
+        b->q_mark_number = b->q_mark_base = 0;
     }
     self->num_free = n;
     self->num_taken = self->clock = 0;
     self->reuse = self->returns = 0.0;
-    self->access = 0;
     self->lru_share = self->tier_share = 0.0;
     self->watch_limit = n > 1 ? n : 1;
     self->age_every = age_every;
@@ -120,6 +120,7 @@ hybrid_clear(HybridObject *self)
     clear_tiers(self);
     hkv_watch_clear(&self->watch);
     hkv_watch_clear(&self->ghosts);
+    hkv_lrupos_clear(&self->lru);
     return 0;
 }
 
@@ -210,7 +211,7 @@ hybrid_add_free(HybridObject *self, PyObject *blocks)
     int any_fresh = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         BlockObject *b = BLOCK(items[i]);
-        mark_release(self, b, self->num_free);
+        mark_release(self, b, self->num_free + i);
         int t = hkv_hybrid_tier_of(b);
         if (t == FRESH) {
             any_fresh = 1;
@@ -239,13 +240,17 @@ remove_checked(HybridObject *self, PyObject *seq)
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), clock = self->clock;
     PyObject **items = PySequence_Fast_ITEMS(seq);
     double reuse = self->reuse * self->reuse_decay;  /* one hit, however many blocks */
+    for (Py_ssize_t i = 0; i < n; i++) {  /* where LRU would have had them when the hit came */
+        BlockObject *b = BLOCK(items[i]);
+        if (b->block_hash != Py_None && b->q_tier >= FRESH &&
+            hkv_lrupos_position(&self->lru, b->q_mark_number, b->q_mark_base) < 0)
+            hkv_hybrid_vote(self, 0, 1.0);  /* a hit LRU would have missed */
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         BlockObject *b = BLOCK(items[i]);
         int slot = b->q_tier;
         Py_ssize_t waited = clock - b->q_released;
-        if (b->block_hash != Py_None && slot >= FRESH &&
-            self->access - b->q_mark_access >= b->q_mark_free)
-            hkv_hybrid_vote(self, 0, 1.0);  /* a hit LRU would have missed */
+        hkv_lrupos_hit(&self->lru, b->q_mark_number);
         unlink_block(self, b);
         if (slot >= FRESH && slot <= HIT_OFTEN && (double)waited > reuse &&
             rating_of(b) != JUNCTION)
@@ -254,7 +259,6 @@ remove_checked(HybridObject *self, PyObject *seq)
     }
     self->reuse = reuse;
     self->num_free -= n;
-    self->access += n;
 }
 
 static PyObject *
@@ -311,7 +315,7 @@ hybrid_recomputed(HybridObject *self, PyObject *block_hash)
         return NULL;
     if (info.from_hit)
         hkv_hybrid_vote(self, 0, self->vote_back);  /* hit data LRU order dropped came back */
-    else if (self->access - info.access < info.free)
+    else if (hkv_lrupos_position(&self->lru, info.number, info.base) >= 0)
         hkv_hybrid_vote(self, 1, 1.0);  /* LRU would still have held it */
     Py_RETURN_NONE;
 }
@@ -324,8 +328,8 @@ hybrid_hint_changed(HybridObject *self, PyObject *block)
         return NULL;
     }
     BlockObject *b = BLOCK(block);
-    unlink_block(self, b);  /* not a hit: no reuse distance, no vote */
-    mark_release(self, b, self->num_free - 1);
+    /* not a hit: no reuse distance, no vote; not a release: LRU keeps it where it is */
+    unlink_block(self, b);
     int t = hkv_hybrid_tier_of(b);
     push_tail(self, t, b, self->clock);  /* the list's reference moves with it */
     return Py_NewRef(Py_None);
@@ -340,6 +344,7 @@ hybrid_uncache(HybridObject *self, PyObject *block)
     }
     BlockObject *b = BLOCK(block);
     Py_ssize_t released = b->q_released;
+    hkv_lrupos_to_front(&self->lru, b->q_mark_number);
     unlink_block(self, b);
     push_tail(self, EMPTY, b, released);  /* on top: reused first */
     Py_RETURN_NONE;

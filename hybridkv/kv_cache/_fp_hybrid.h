@@ -6,6 +6,7 @@
 #define HKV_FP_HYBRID_H
 
 #include "_fastpath.h"
+#include "_fp_lrupos.h"
 #include "_fp_watch.h"
 
 enum { EMPTY, LOW, FRESH, HIT_ONCE, HIT_OFTEN, KEPT, NUM_TIERS };
@@ -27,7 +28,7 @@ typedef struct {
     double returns;        /* share of recent fresh evictions computed again */
     Py_ssize_t watch_limit;
     Watch watch;           /* fresh evictions watched */
-    Py_ssize_t access;     /* blocks taken and hit */
+    LruPositions lru;      /* where blocks would stand in one LRU queue */
     double lru_share, tier_share;  /* votes for LRU order and for the tiers */
     Watch ghosts;          /* every evicted hash (`evicted`), with its release marks and
                               whether it was hit data taken in LRU order */
@@ -140,8 +141,8 @@ rating_of(BlockObject *b)
 static inline void
 mark_release(HybridObject *self, BlockObject *b, Py_ssize_t free)
 {
-    b->q_mark_access = self->access;
-    b->q_mark_free = free;
+    hkv_lrupos_release(&self->lru, free, b->block_hash == Py_None, &b->q_mark_number,
+                       &b->q_mark_base);
 }
 
 int hkv_hybrid_tier_of(BlockObject *b);  /* the tier a released block joins */

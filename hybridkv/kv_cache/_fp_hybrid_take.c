@@ -45,7 +45,7 @@ remember(HybridObject *self, BlockObject *b, int from_hit)
     PyObject *h = b->block_hash;
     if (h == Py_None)
         return 0;
-    WatchInfo info = {b->q_mark_access, b->q_mark_free, from_hit};
+    WatchInfo info = {b->q_mark_number, b->q_mark_base, from_hit};
     if (hkv_watch_put(&self->ghosts, h, info) < 0)
         return -1;
     return hkv_watch_trim(&self->ghosts, self->ghost_pools * self->watch_limit);
@@ -168,7 +168,7 @@ take_blocks(HybridObject *self, Py_ssize_t num_blocks)
     PyMem_Free(taken);
     self->num_free -= num_blocks;
     self->clock += num_blocks;
-    self->access += num_blocks;
+    hkv_lrupos_taken(&self->lru, num_blocks);
     return out;
 fail:
     PyMem_Free(taken);

@@ -14,7 +14,7 @@
 #include <Python.h>
 
 typedef struct {
-    Py_ssize_t access, free;  /* the LRU votes' release marks (_fp_hybrid.c) */
+    Py_ssize_t number, base;  /* the LRU votes' release marks (_fp_lrupos.h) */
     int from_hit;
 } WatchInfo;
 

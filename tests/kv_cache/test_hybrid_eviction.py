@@ -160,8 +160,9 @@ def stale_scenario(monkeypatch, data_comes_back, idle_takes, defaults=False, lat
     in. `defaults`: the module's STALE_AGE and RETURN_GATE, else 2.0 and 0.35; one
     returning block makes `weight` of the share of fresh evictions that came back.
     `old_fresh`: a fresh block o is released with b's second release (below g in the
-    fresh stack) and the order of a, b, g, o is returned."""
-    patch = [("RETURN_WEIGHT", weight), ("REUSE_DECAY", 1.0)]
+    fresh stack) and the order of a, b, g, o is returned. The LRU votes are off (LRU
+    would still hold f when it comes back: they are tested below)."""
+    patch = [("RETURN_WEIGHT", weight), ("REUSE_DECAY", 1.0), ("VOTE_WEIGHT", 0.0)]
     if not defaults:
         patch += [("RETURN_GATE", 0.35), ("STALE_AGE", 2.0)]
     for name, value in patch:
@@ -242,13 +243,14 @@ def test_a_junction_hit_late_does_not_stretch_the_reuse_distance(monkeypatch):
     assert run(late_hit=JUNCTION) == ["a", "b", "g"]
 
 
-def lru_vote_scenario(comes_back, hit_after=False):
+def lru_vote_scenario(comes_back, hit=None):
     """Three hit-once blocks h1..h3 and a never-hit block x are released (x with 3
-    blocks free ahead of it); x is taken at once (the newest never-hit release). If its
-    data is computed again one access later (`comes_back`), one LRU queue would still
-    have held it: a vote for LRU order. With `hit_after`, h2 (released with 1 block
-    free ahead of it) is then hit after 1 access: LRU would have dropped it, a vote
-    for the tiers. Then a never-hit block n is released; returns the id taken next."""
+    blocks free ahead of it); x is taken at once (the newest never-hit release), where
+    one LRU queue would have taken h1. If x's data is computed again (`comes_back`),
+    LRU would still have held it (2 blocks ahead of it): a vote for LRU order. With
+    `hit="h1"`, h1 is then hit: LRU would have lost it, a vote for the tiers; h2
+    (`hit="h2"`) LRU would still hold, no vote. Then a never-hit block n is released;
+    returns the id taken next."""
     pool = BlockPool(8, eviction_policy="hybrid")
     held = pool.get_new_blocks(7)  # ids 1..7; 7 blocks accessed
     cached(pool, [b.block_id for b in held], b"v")
@@ -261,8 +263,8 @@ def lru_vote_scenario(comes_back, hit_after=False):
     assert pool.get_new_blocks(1) == [x]  # the never-hit tier first
     if comes_back:
         assert pool.cache_block(x, x_hash, 0)  # the policy remembers x's hash
-    if hit_after:
-        pool.touch([h2])
+    if hit is not None:
+        pool.touch([{"h1": h1, "h2": h2}[hit]])
     pool.free_blocks([n])
     taken = take_ids(pool, 1)
     pool.check_integrity()
@@ -275,5 +277,7 @@ def test_lru_order_while_lru_would_have_kept_more():
     # x came back while LRU would still have held it: least recently released first
     # over the never-hit bottom and the hit tiers, so h1 (released first) goes
     assert lru_vote_scenario(comes_back=True) == 1
+    # a hit LRU would not have missed is no vote: still LRU order, h1 goes
+    assert lru_vote_scenario(comes_back=True, hit="h2") == 1
     # a hit LRU would have missed outweighs it (the older vote has decayed): the tiers
-    assert lru_vote_scenario(comes_back=True, hit_after=True) == 5
+    assert lru_vote_scenario(comes_back=True, hit="h1") == 5

@@ -46,10 +46,11 @@ the pool) nothing changes.
 
 Least recently used first, when that would have kept more: the policy
 remembers every evicted hash for GHOST_POOLS pools' worth of evictions and
-asks, on an access clock (blocks taken plus blocks hit), what one LRU queue
-would have done. A block released with f blocks free is still cached under
-LRU while fewer than f blocks were accessed since. Evicted data computed again
-that LRU would still have held votes for LRU order (a running agent's newest
+asks what one LRU queue would have done: where the block would stand in that
+queue (`LruPositions`: released with f blocks free ahead of it, less the
+blocks taken since, plus the empty blocks released since, less the hits on
+blocks released before it), so whether LRU would still hold it. Evicted data
+computed again that LRU would still have held votes for LRU order (a running agent's newest
 step, evicted while finished agents' older context stays); a hit on data LRU
 would have dropped votes for the tiers (the oldest multi-turn sessions kept
 whole), and so, VOTE_BACK times, does hit data taken in LRU order that is
@@ -66,6 +67,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from hybridkv.kv_cache.eviction.base import JUNCTION, LOW_VALUE, PROTECTED, EvictionPolicy
+from hybridkv.kv_cache.eviction.lru_positions import LruPositions
 from hybridkv.kv_cache.fastpath import native
 
 if TYPE_CHECKING:
@@ -92,6 +94,28 @@ GHOST_POOLS = 4
 STACKS = (EMPTY, FRESH)
 
 
+def lru_capacity(ghost_pools: int, pool: int) -> int:
+    """The release numbers LruPositions keeps (a power of two): every block free or
+    remembered as evicted was released within about that many releases."""
+    need = (ghost_pools + 2) * pool
+    return 1 << max(need - 1, 1).bit_length()
+
+
+def tier_of(block: Block) -> int:
+    """A released block's tier: empty if it caches nothing; kept if protected; low if
+    rated low value and never hit (data that was hit proved its value whatever the
+    rating); else by hits, a junction rating counting as one more."""
+    if block.block_hash is None:
+        return EMPTY
+    hits, rating = block.num_hits, block.value_hint
+    if rating == PROTECTED:
+        return KEPT
+    if rating == LOW_VALUE and not hits:
+        return LOW
+    hits += rating == JUNCTION
+    return FRESH if not hits else HIT_ONCE if hits == 1 else HIT_OFTEN
+
+
 class HybridTiers:
     """The tiers and rules of `HybridPolicy` in Python: the reference that the C
     extension's `HybridCore` (`kv_cache/_fp_hybrid*.c`) matches decision for decision
@@ -116,10 +140,9 @@ class HybridTiers:
         self._reuse = 0.0  # the longest recent reuse distance of hits
         self._returns = 0.0  # share of recent fresh evictions computed again
         self._watched: OrderedDict[bytes, None] = OrderedDict()  # fresh evictions watched
-        self._access = 0  # blocks taken and hit
         self._lru_share = self._tier_share = 0.0  # votes for LRU order and for the tiers
-        # a free block's access clock and blocks free at its release; every evicted hash's
-        # (the same, and whether it was hit data taken in LRU order)
+        # a free block's release mark in one LRU queue (LruPositions); every evicted
+        # hash's (the same, and whether it was hit data taken in LRU order)
         self._marks: dict[Block, tuple[int, int]] = {}
         self._from_hit: set[Block] = set()  # hit blocks taken in LRU order (in a take)
         self._ghosts: OrderedDict[bytes, tuple[int, int, bool]] = OrderedDict()
@@ -131,6 +154,7 @@ class HybridTiers:
             block.queue_slot = EMPTY
         self._num_free = len(initial)
         self._watch_limit = max(len(initial), 1)
+        self._lru = LruPositions(lru_capacity(self._ghost_pools, self._watch_limit))
 
     def __len__(self) -> int:
         return self._num_free
@@ -144,37 +168,16 @@ class HybridTiers:
 
     def add_free(self, blocks: Iterable[Block]) -> None:
         fresh = []
-        tiers = self._tiers
-        empty, low = tiers[EMPTY], tiers[LOW]
-        protected, low_value, junction = PROTECTED, LOW_VALUE, JUNCTION
-        count, clock = 0, self._clock
-        marks, mark = self._marks, (self._access, self._num_free)
-        # a released block's tier: empty if it caches nothing; low if rated low value
-        # and never hit (data that was hit proved its value whatever the rating);
-        # else by hits, a junction rating counting as one more
+        tiers, clock = self._tiers, self._clock
+        count, release, free = 0, self._lru.release, self._num_free
         for block in blocks:
+            self._marks[block] = release(free + count, block.block_hash is None)
             count += 1
-            marks[block] = mark
-            if block.block_hash is None:
-                block.queue_slot = EMPTY
-                empty[block] = clock
-                continue
-            hits, rating = block.num_hits, block.value_hint
-            if rating == protected:
-                block.queue_slot = KEPT
-                tiers[KEPT][block] = clock
-                continue
-            if rating == low_value and not hits:
-                block.queue_slot = LOW
-                low[block] = clock
-                continue
-            t = hits + 1 if rating == junction else hits
-            if not t:
-                block.queue_slot = FRESH
+            t = tier_of(block)
+            block.queue_slot = t
+            if t == FRESH:
                 fresh.append(block)
             else:
-                t = HIT_ONCE if t == 1 else HIT_OFTEN
-                block.queue_slot = t
                 tiers[t][block] = clock
         self._num_free += count
         stack = tiers[FRESH]
@@ -185,13 +188,15 @@ class HybridTiers:
         self.remove_blocks((block,))
 
     def remove_blocks(self, blocks: Sequence[Block]) -> None:
-        tiers, clock, marks, access = self._tiers, self._clock, self._marks, self._access
+        tiers, clock, marks, lru = self._tiers, self._clock, self._marks, self._lru
         reuse = self._reuse * self._reuse_decay  # one hit, however many blocks
+        for block in blocks:  # where LRU would have had them when the hit came
+            if block.block_hash is not None and block.queue_slot >= FRESH \
+                    and lru.position(marks[block]) < 0:
+                self._vote(False, 1.0)  # a hit LRU would have missed
         for block in blocks:
             slot = block.queue_slot
-            released, free = marks.pop(block)
-            if block.block_hash is not None and slot >= FRESH and access - released >= free:
-                self._vote(False, 1.0)  # a hit LRU would have missed
+            lru.hit(marks.pop(block)[0])
             released = tiers[slot].pop(block)
             block.queue_slot = -1
             if FRESH <= slot <= HIT_OFTEN and clock - released > reuse \
@@ -199,7 +204,6 @@ class HybridTiers:
                 reuse = clock - released
         self._reuse = reuse
         self._num_free -= len(blocks)
-        self._access += len(blocks)
 
     def take(self, num_blocks: int) -> list[Block]:
         out = self._take(num_blocks)
@@ -212,7 +216,7 @@ class HybridTiers:
         from_hit.clear()
         while len(ghosts) > self._ghost_pools * self._watch_limit:
             ghosts.popitem(last=False)
-        self._access += len(out)
+        self._lru.taken(len(out))
         return out
 
     def _take(self, num_blocks: int) -> list[Block]:
@@ -311,10 +315,10 @@ class HybridTiers:
         if block_hash in self._watched:
             del self._watched[block_hash]
             self._returns += self._return_weight
-        released, free, from_hit = self._ghosts.pop(block_hash)
+        number, base, from_hit = self._ghosts.pop(block_hash)
         if from_hit:
             self._vote(False, self._vote_back)  # hit data LRU order dropped came back
-        elif self._access - released < free:
+        elif self._lru.position((number, base)) >= 0:
             self._vote(True, 1.0)  # LRU would still have held it
 
     def _vote(self, lru: bool, count: float) -> None:
@@ -339,11 +343,13 @@ class HybridTiers:
                 block.queue_slot = t - 1
 
     def hint_changed(self, block: Block) -> None:
-        del self._tiers[block.queue_slot][block]  # not a hit: no reuse distance, no vote
-        self._num_free -= 1
-        self.add_free([block])
+        # not a hit: no reuse distance, no vote; not a release: LRU keeps it where it is
+        del self._tiers[block.queue_slot][block]
+        block.queue_slot = t = tier_of(block)
+        self._tiers[t][block] = self._clock
 
     def uncache(self, block: Block) -> None:
+        self._lru.to_front(self._marks[block][0])
         released = self._tiers[block.queue_slot].pop(block)
         self._tiers[EMPTY][block] = released  # on top: reused first
         block.queue_slot = EMPTY
