@@ -1,0 +1,112 @@
+"""Sixth-round candidate rules: variants of the LRU votes with exact LRU positions.
+
+Each policy is `hybrid`'s Python reference (`HybridTiers`, the same decisions as
+the C tiers) with one change; `votes_reference` is `hybrid` itself:
+
+    python benchmarks/bench_policy_grid.py --out DIR \\
+        --plugin benchmarks/policy_experiments_sixth.py \\
+        --policies lru,hybrid,votes_warm --shapes agent_loop,multi_turn,hot_cold
+
+Results: docs/eviction-experiments.md, "Sixth round".
+"""
+
+from __future__ import annotations
+
+from hybridkv.kv_cache.eviction import hybrid as H
+from hybridkv.kv_cache.eviction import register_eviction_policy
+from hybridkv.kv_cache.eviction.base import EvictionPolicy
+
+
+def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
+          start_lru=False, mark_lru_takes=False, kept_votes=True):
+    """`hybrid` with:
+
+    - `weight`, `back`: VOTE_WEIGHT and VOTE_BACK (None: the module's);
+    - `hit_vote`: the weight of a hit on data LRU would have dropped;
+    - `warm_pools`: no vote before that many pools' worth of blocks were evicted;
+    - `per_event`: at most one vote of each kind per step (between two takes) and
+      one per hit, however many blocks;
+    - `start_lru`: LRU order until the first vote for the tiers;
+    - `mark_lru_takes`: never-hit blocks taken in LRU order (not the newest release)
+      vote for the tiers when they come back, as hit blocks taken so do;
+    - `kept_votes=False`: hits on blocks kept for a running request (`PROTECTED`,
+      last in either order) do not vote.
+    """
+    class Votes(H.HybridTiers, EvictionPolicy):
+        uses_hints = True
+
+        def __init__(self, blocks=()):
+            super().__init__(blocks, (
+                H.AGE_EVERY, H.STALE_AGE, H.REUSE_DECAY, H.RETURN_GATE, H.RETURN_WEIGHT,
+                H.VOTE_WEIGHT if weight is None else weight,
+                H.VOTE_BACK if back is None else back, H.GHOST_POOLS))
+            self._evictions = 0
+            self._stamps: dict = {}
+            self._hit_call = 0
+            if start_lru:
+                self._lru_share = 1e-9
+
+        def take(self, num_blocks):
+            out = super().take(num_blocks)
+            self._evictions += sum(b.block_hash is not None for b in out)
+            return out
+
+        def remove_blocks(self, blocks):
+            self._hit_call += 1
+            if kept_votes:
+                return super().remove_blocks(blocks)
+            kept = [b for b in blocks if b.queue_slot == H.KEPT]
+            marks = {b: self._marks[b] for b in kept}
+            for b in kept:  # no vote: as if LRU would still hold them
+                self._marks[b] = (marks[b][0], marks[b][1] + 10**12)
+            super().remove_blocks(blocks)
+
+        def _take_lru(self, out, num_blocks):
+            if not mark_lru_takes:
+                return super()._take_lru(out, num_blocks)
+            tiers, fresh = self._tiers, self._tiers[H.FRESH]
+            while num_blocks and fresh:
+                best_t = self._oldest_tier()
+                newest = len(fresh) == 1  # the tiers would take this one too
+                block = tiers[best_t].popitem(last=False)[0]
+                if best_t == H.FRESH:
+                    self._evicted_fresh([block])
+                if best_t != H.FRESH or not newest:
+                    self._from_hit.add(block)
+                block.queue_slot = -1
+                out.append(block)
+                num_blocks -= 1
+
+        def _vote(self, lru, count):
+            if self._evictions < warm_pools * self._watch_limit:
+                return
+            if not lru and count == 1.0:
+                count = hit_vote
+                stamp = ("hit", self._hit_call)
+            else:
+                stamp = ("step", self._clock)
+            if per_event:
+                key = (lru, count)
+                if self._stamps.get(key) == stamp:
+                    return
+                self._stamps[key] = stamp
+            super()._vote(lru, count)
+
+    return Votes
+
+
+for _name, _rule in {
+    "votes_reference": votes(),
+    "votes_hit_half": votes(hit_vote=0.5),
+    "votes_hit_quarter": votes(hit_vote=0.25),
+    "votes_weight_32": votes(weight=1 / 32),
+    "votes_weight_128": votes(weight=1 / 128),
+    "votes_back_2": votes(back=2.0),
+    "votes_warm": votes(warm_pools=1.0),
+    "votes_per_event": votes(per_event=True),
+    "votes_start_lru": votes(start_lru=True),
+    "votes_start_lru_marked": votes(start_lru=True, mark_lru_takes=True),
+    "votes_marked": votes(mark_lru_takes=True),
+    "votes_not_kept": votes(kept_votes=False),
+}.items():
+    register_eviction_policy(_name, _rule)
