@@ -1,7 +1,9 @@
 /* Where a block would stand in one LRU free queue (_fp_lrupos.c): the model of
  * eviction/lru_positions.py, number for number. A release is marked by its
  * number and a base; its position is base - drift - (hits recorded on earlier
- * releases), counted by a Fenwick tree over a ring of release numbers. */
+ * releases), counted over a ring of release numbers: one bit per release (hit
+ * or not), and a Fenwick tree over words of 64 bits (the reference keeps one
+ * over single releases; the counts are the same, the tree 64 times smaller). */
 #ifndef HKV_FP_LRUPOS_H
 #define HKV_FP_LRUPOS_H
 
@@ -10,8 +12,10 @@
 #include <stdint.h>
 
 typedef struct {
-    int32_t *tree;      /* Fenwick tree over ring slots, 1-based (cap + 1 entries) */
-    uint8_t *hit;       /* a hit recorded on the release in that slot */
+    int32_t *tree;      /* Fenwick tree over the words of `hit`, 1-based */
+    uint64_t *hit;      /* bit s: a hit recorded on the release in ring slot s */
+    Py_ssize_t words;   /* words of `hit` */
+    Py_ssize_t live;    /* hits recorded in the ring */
     Py_ssize_t cap;     /* a power of two */
     Py_ssize_t next;    /* the next release number */
     Py_ssize_t records; /* hits recorded, ancient ones included */

@@ -62,11 +62,14 @@ class LruPositions:
     def hit(self, number: int) -> None:
         """The block released as `number` left the queue (a hit): blocks released
         after it have one fewer ahead."""
-        self._records += 1
         if number < self._next - self._cap:
+            self._records += 1
             self._ancient += 1
             return
         slot = number & (self._cap - 1)
+        if self._hit[slot]:  # recorded already: a release leaves the queue once
+            return
+        self._records += 1
         self._hit[slot] = 1
         self._add(slot, 1)
 
