@@ -281,3 +281,39 @@ def test_lru_order_while_lru_would_have_kept_more():
     assert lru_vote_scenario(comes_back=True, hit="h2") == 1
     # a hit LRU would have missed outweighs it (the older vote has decayed): the tiers
     assert lru_vote_scenario(comes_back=True, hit="h1") == 5
+
+
+def churn_scenario(churn):
+    """A hit-once block h1, then a never-hit block x (1 block free ahead of it) are
+    released; three times a block is released and taken again (`churn`: "empty", a
+    block caching nothing, which LRU puts in front, or "cached", new data, which LRU
+    queues behind x); then x is taken (the newest never-hit release) and its data is
+    computed again; a never-hit block n is released. Returns the id taken next."""
+    pool = BlockPool(8, eviction_policy="hybrid")
+    held = pool.get_new_blocks(7)  # ids 1..7
+    h1, x, c, n = held[0], held[1], held[2], held[3]
+    cached(pool, [h1.block_id, x.block_id, n.block_id], b"w")
+    h1.num_hits = 1
+    pool.free_blocks([h1])
+    pool.free_blocks([x])
+    x_hash = x.block_hash
+    for i in range(3):
+        if churn == "cached":
+            assert pool.cache_block(c, b"k" + bytes([i]) * 31, 0)
+        pool.free_blocks([c])
+        assert pool.get_new_blocks(1) == [c]
+    assert pool.get_new_blocks(1) == [x]
+    assert pool.cache_block(x, x_hash, 0)
+    pool.free_blocks([n])
+    taken = take_ids(pool, 1)
+    pool.check_integrity()
+    return taken[0]
+
+
+def test_empty_blocks_released_go_before_what_lru_would_keep():
+    # empty blocks go to the front of an LRU queue, so taking them moves nothing: LRU
+    # would still hold x when it comes back, a vote for LRU order (h1, released first)
+    assert churn_scenario("empty") == 1
+    # new data queues behind x: the three takes would have taken h1 and x under LRU,
+    # no vote, the tiers' order (the newest never-hit release, n)
+    assert churn_scenario("cached") == 4
