@@ -186,6 +186,8 @@ def _hit_distance(policy, blocks):
 def _as_hit_once(policy, keep):
     """Queue never-hit blocks as hit once (the back of the tier, the tail last)."""
     clock, tier = policy._clock, policy._tiers[HIT_ONCE]
+    for i, b in enumerate(keep):  # released as add_free would (the LRU votes' marks)
+        policy._marks[b] = policy._lru.release(policy._num_free + i, False)
     for b in reversed(keep):
         b.queue_slot = HIT_ONCE
         tier[b] = clock
@@ -316,7 +318,8 @@ def access_gate(ratio=1.0, lru=False):
         def recomputed(self, block_hash):
             when = self._when.pop(block_hash, None)
             if when is not None and self._access - when >= ratio * self._watch_limit:
-                self._watched.pop(block_hash)  # came back too late to count
+                self._watched.pop(block_hash, None)  # came back too late to count
+                self._ghosts.pop(block_hash, None)
                 return
             super().recomputed(block_hash)
     return AccessGate

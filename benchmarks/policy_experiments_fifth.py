@@ -3,7 +3,8 @@
 Built on `Reference` (the Python `hybrid` before this round, without the LRU votes)
 of benchmarks/policy_experiments.py, which this file imports, so one plugin
 registers both rounds. `lru_vote` with its defaults is the rule `hybrid` adopted
-(the same decisions as `reference_now` there):
+in that round, with its access-clock estimate of LRU positions (`reference_now`
+there is `hybrid` as it is now, with exact positions: sixth round):
 
     python benchmarks/bench_policy_grid.py --out DIR \
         --plugin benchmarks/policy_experiments_fifth.py \
