@@ -18,7 +18,7 @@ from hybridkv.kv_cache.eviction.base import EvictionPolicy
 
 
 def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
-          start_lru=False, mark_lru_takes=False, kept_votes=True):
+          start_lru=False, mark_lru_takes=False, kept_votes=True, low_in_lru=False):
     """`hybrid` with:
 
     - `weight`, `back`: VOTE_WEIGHT and VOTE_BACK (None: the module's);
@@ -30,7 +30,10 @@ def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
     - `mark_lru_takes`: never-hit blocks taken in LRU order (not the newest release)
       vote for the tiers when they come back, as hit blocks taken so do;
     - `kept_votes=False`: hits on blocks kept for a running request (`PROTECTED`,
-      last in either order) do not vote.
+      last in either order) do not vote;
+    - `low_in_lru`: while LRU order wins, blocks rated low value join it too (least
+      recently released first over them, the never-hit bottom and the hit fronts)
+      instead of going first.
     """
     class Votes(H.HybridTiers, EvictionPolicy):
         uses_hints = True
@@ -60,6 +63,44 @@ def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
             for b in kept:  # no vote: as if LRU would still hold them
                 self._marks[b] = (marks[b][0], marks[b][1] + 10**12)
             super().remove_blocks(blocks)
+
+        def _take(self, num_blocks):
+            lru = self._lru_share > self._tier_share
+            if not (low_in_lru and lru and self._tiers[H.LOW]):
+                return super()._take(num_blocks)
+            tiers, out = self._tiers, []
+            while len(out) < num_blocks:
+                t = next(i for i, tier in enumerate(tiers) if tier)
+                if t in (H.LOW, H.FRESH):
+                    self._take_low_lru(out, num_blocks - len(out))
+                    continue
+                pop, top = tiers[t].popitem, t in H.STACKS
+                taken = [pop(top)[0] for _ in range(min(num_blocks - len(out), len(tiers[t])))]
+                for block in taken:
+                    block.queue_slot = -1
+                out += taken
+            self._num_free -= len(out)
+            self._clock += len(out)
+            return out
+
+        def _take_low_lru(self, out, num_blocks):
+            tiers = self._tiers
+            while num_blocks and (tiers[H.LOW] or tiers[H.FRESH]):
+                best_t, best = None, None
+                for t in (H.LOW, H.FRESH, H.HIT_ONCE, H.HIT_OFTEN):
+                    tier = tiers[t]
+                    if tier:
+                        released = tier[next(iter(tier))]
+                        if best is None or released < best:
+                            best_t, best = t, released
+                block = tiers[best_t].popitem(last=False)[0]
+                if best_t == H.FRESH:
+                    self._evicted_fresh([block])
+                elif best_t != H.LOW:
+                    self._from_hit.add(block)
+                block.queue_slot = -1
+                out.append(block)
+                num_blocks -= 1
 
         def _take_lru(self, out, num_blocks):
             if not mark_lru_takes:
@@ -108,5 +149,6 @@ for _name, _rule in {
     "votes_start_lru_marked": votes(start_lru=True, mark_lru_takes=True),
     "votes_marked": votes(mark_lru_takes=True),
     "votes_not_kept": votes(kept_votes=False),
+    "votes_low_in_lru": votes(low_in_lru=True),
 }.items():
     register_eviction_policy(_name, _rule)
