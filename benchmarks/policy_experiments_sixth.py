@@ -18,7 +18,8 @@ from hybridkv.kv_cache.eviction.base import EvictionPolicy
 
 
 def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
-          start_lru=False, mark_lru_takes=False, kept_votes=True, low_in_lru=False):
+          start_lru=False, mark_lru_takes=False, kept_votes=True, low_in_lru=False,
+          start_bottom=False):
     """`hybrid` with:
 
     - `weight`, `back`: VOTE_WEIGHT and VOTE_BACK (None: the module's);
@@ -33,7 +34,9 @@ def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
       last in either order) do not vote;
     - `low_in_lru`: while LRU order wins, blocks rated low value join it too (least
       recently released first over them, the never-hit bottom and the hit fronts)
-      instead of going first.
+      instead of going first;
+    - `start_bottom`: until the first vote, the never-hit tier is taken from the bottom
+      of its stack (least recently released first), the hit tiers left alone.
     """
     class Votes(H.HybridTiers, EvictionPolicy):
         uses_hints = True
@@ -65,6 +68,21 @@ def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
             super().remove_blocks(blocks)
 
         def _take(self, num_blocks):
+            if start_bottom and self._lru_share == 0 and self._tier_share == 0:
+                tiers, out = self._tiers, []
+                while len(out) < num_blocks:
+                    t = next(i for i, tier in enumerate(tiers) if tier)
+                    top = t == H.EMPTY
+                    n = min(num_blocks - len(out), len(tiers[t]))
+                    taken = [tiers[t].popitem(top)[0] for _ in range(n)]
+                    for block in taken:
+                        block.queue_slot = -1
+                    out += taken
+                    if t == H.FRESH:
+                        self._evicted_fresh(taken)
+                self._num_free -= len(out)
+                self._clock += len(out)
+                return out
             lru = self._lru_share > self._tier_share
             if not (low_in_lru and lru and self._tiers[H.LOW]):
                 return super()._take(num_blocks)
@@ -150,5 +168,6 @@ for _name, _rule in {
     "votes_marked": votes(mark_lru_takes=True),
     "votes_not_kept": votes(kept_votes=False),
     "votes_low_in_lru": votes(low_in_lru=True),
+    "votes_start_bottom": votes(start_bottom=True),
 }.items():
     register_eviction_policy(_name, _rule)
