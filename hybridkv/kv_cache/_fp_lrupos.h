@@ -2,8 +2,7 @@
  * eviction/lru_positions.py, number for number. A release is marked by its
  * number and a base; its position is base - drift - (hits recorded on earlier
  * releases), counted over a ring of release numbers: one bit per release (hit
- * or not), and a Fenwick tree over words of 64 bits (the reference keeps one
- * over single releases; the counts are the same, the tree 64 times smaller). */
+ * or not), and a Fenwick tree over words of 64 bits. */
 #ifndef HKV_FP_LRUPOS_H
 #define HKV_FP_LRUPOS_H
 

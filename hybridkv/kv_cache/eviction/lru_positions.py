@@ -11,9 +11,10 @@ in that queue. Since then:
   blocks released after it change nothing).
 
 So its position is f - taken + empties - (hits on earlier releases): 0 at the
-front, and negative once LRU would have taken it. The last term needs to count hits by the
-release order of the block hit: a Fenwick tree over release numbers, kept in a
-ring of `capacity` numbers. Hits on releases older than the ring count as
+front, and negative once LRU would have taken it. The last term counts hits by
+the release order of the block hit, over a ring of `capacity` release numbers:
+one bit per release (hit or not) and a Fenwick tree over the hit counts of
+words of 64 bits (a popcount within a word). Hits on releases older than the ring count as
 ancient, ahead of every release in it; a block released before the ring's start
 counts every ancient hit as ahead of it (the only approximation: such a block sat
 free for longer than `capacity` releases).
@@ -21,7 +22,7 @@ free for longer than `capacity` releases).
 A release is marked by two integers, its number and a base from which the
 position follows (`position`): the policy keeps them on the block while it is
 free and with its hash once it is evicted. The C extension's `_fp_lrupos.c` is
-the same model, number for number.
+the same structure, number for number.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ class LruPositions:
         if capacity < 1 or capacity & (capacity - 1):
             raise ValueError(f"LruPositions: capacity must be a power of two, got {capacity}")
         self._cap = capacity
-        self._tree = [0] * (capacity + 1)  # Fenwick tree over ring slots (1-based)
-        self._hit = bytearray(capacity)  # a hit recorded on the release in that slot
+        words = (capacity + 63) // 64
+        self._hit = [0] * words  # bit s of word s // 64: a hit on the release in ring slot s
+        self._tree = [0] * (words + 1)  # Fenwick tree over the words' hit counts (1-based)
+        self._live = 0  # hits recorded in the ring
         self._next = 0  # the next release number
         self._records = 0  # hits recorded, ancient ones included
         self._ancient = 0  # hits recorded on releases now older than the ring
@@ -46,9 +49,10 @@ class LruPositions:
         number = self._next
         self._next += 1
         slot = number & (self._cap - 1)
-        if self._hit[slot]:  # that slot's previous release leaves the ring
-            self._hit[slot] = 0
-            self._add(slot, -1)
+        word, bit = slot >> 6, 1 << (slot & 63)
+        if self._hit[word] & bit:  # that slot's previous release leaves the ring
+            self._hit[word] &= ~bit
+            self._add(word, -1)
             self._ancient += 1
         mark = (number, free + self._drift + self._records)
         if empty:
@@ -67,11 +71,12 @@ class LruPositions:
             self._ancient += 1
             return
         slot = number & (self._cap - 1)
-        if self._hit[slot]:  # recorded already: a release leaves the queue once
+        word, bit = slot >> 6, 1 << (slot & 63)
+        if self._hit[word] & bit:  # recorded already: a release leaves the queue once
             return
         self._records += 1
-        self._hit[slot] = 1
-        self._add(slot, 1)
+        self._hit[word] |= bit
+        self._add(word, 1)
 
     def to_front(self, number: int) -> None:
         """The block released as `number` lost its data and moved to the front."""
@@ -88,23 +93,24 @@ class LruPositions:
         if number <= start:
             return self._ancient
         mask = self._cap - 1
-        lo, hi = start & mask, number & mask
-        if start < 0:
-            lo = 0
+        lo, hi = (0 if start < 0 else start & mask), number & mask
         inside = self._prefix(hi) - self._prefix(lo) if lo <= hi else \
-            self._prefix(self._cap) - self._prefix(lo) + self._prefix(hi)
+            self._live - self._prefix(lo) + self._prefix(hi)
         return self._ancient + inside
 
-    def _add(self, slot: int, delta: int) -> None:
-        tree, i = self._tree, slot + 1
-        while i <= self._cap:
+    def _add(self, word: int, delta: int) -> None:
+        tree, i = self._tree, word + 1
+        while i < len(tree):
             tree[i] += delta
             i += i & -i
+        self._live += delta
 
     def _prefix(self, slot: int) -> int:
-        """Hits recorded in slots [0, slot)."""
-        tree, i, total = self._tree, slot, 0
+        """Hits recorded in ring slots [0, slot)."""
+        tree, i, total = self._tree, slot >> 6, 0
         while i > 0:
             total += tree[i]
             i -= i & -i
+        if slot & 63:
+            total += (self._hit[slot >> 6] & ((1 << (slot & 63)) - 1)).bit_count()
         return total
