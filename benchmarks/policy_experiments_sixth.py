@@ -19,7 +19,7 @@ from hybridkv.kv_cache.eviction.base import EvictionPolicy
 
 def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
           start_lru=False, mark_lru_takes=False, kept_votes=True, low_in_lru=False,
-          start_bottom=False):
+          start_bottom=False, stale_check=False):
     """`hybrid` with:
 
     - `weight`, `back`: VOTE_WEIGHT and VOTE_BACK (None: the module's);
@@ -36,7 +36,11 @@ def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
       recently released first over them, the never-hit bottom and the hit fronts)
       instead of going first;
     - `start_bottom`: until the first vote, the never-hit tier is taken from the bottom
-      of its stack (least recently released first), the hit tiers left alone.
+      of its stack (least recently released first), the hit tiers left alone;
+    - `stale_check`: the stale rule is checked against its own evictions: hit data it
+      took that comes back counts against it, never-hit data taken while it was on
+      that comes back counts for it (shares decaying by 1/64); it is on only while
+      the share for it is at least the share against it.
     """
     class Votes(H.HybridTiers, EvictionPolicy):
         uses_hints = True
@@ -49,6 +53,8 @@ def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
             self._evictions = 0
             self._stamps: dict = {}
             self._hit_call = 0
+            self._stale_taken: dict = {}
+            self._stale_for = self._stale_against = 0.0
             if start_lru:
                 self._lru_share = 1e-9
 
@@ -120,6 +126,46 @@ def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
                 out.append(block)
                 num_blocks -= 1
 
+        def _take_fresh(self, out, num_blocks):
+            if not stale_check:
+                return super()._take_fresh(out, num_blocks)
+            tiers, fresh = self._tiers, self._tiers[H.FRESH]
+            on = self._stale_for >= self._stale_against
+            limit = self._clock + len(out) - self._stale_age * self._reuse
+            while num_blocks and fresh:
+                block = None
+                for t in (H.HIT_ONCE, H.HIT_OFTEN):
+                    tier = tiers[t]
+                    if on and tier and tier[next(iter(tier))] < limit:
+                        block = tier.popitem(last=False)[0]
+                        self._stale_taken[block.block_hash] = True
+                        break
+                if block is None:
+                    bottom = on and fresh[next(iter(fresh))] < limit
+                    block = fresh.popitem(last=not bottom)[0]
+                    self._evicted_fresh([block])
+                    if block.block_hash is not None:
+                        self._stale_taken[block.block_hash] = False
+                block.queue_slot = -1
+                out.append(block)
+                num_blocks -= 1
+                limit += 1
+            while len(self._stale_taken) > self._watch_limit:
+                del self._stale_taken[next(iter(self._stale_taken))]
+
+        def recomputed(self, block_hash):
+            if stale_check:
+                was_stale = self._stale_taken.pop(block_hash, None)
+                if was_stale is not None:
+                    keep = 1 - 1 / 64
+                    self._stale_for *= keep
+                    self._stale_against *= keep
+                    if was_stale:
+                        self._stale_against += 1 / 64
+                    else:
+                        self._stale_for += 1 / 64
+            super().recomputed(block_hash)
+
         def _take_lru(self, out, num_blocks):
             if not mark_lru_takes:
                 return super()._take_lru(out, num_blocks)
@@ -169,5 +215,6 @@ for _name, _rule in {
     "votes_not_kept": votes(kept_votes=False),
     "votes_low_in_lru": votes(low_in_lru=True),
     "votes_start_bottom": votes(start_bottom=True),
+    "votes_stale_check": votes(stale_check=True),
 }.items():
     register_eviction_policy(_name, _rule)
