@@ -27,6 +27,7 @@ typedef struct BlockObject {
     PyObject *block_hash;  /* None, or the bytes it caches */
     PyObject *group_id;
     Py_ssize_t num_hits;
+    Py_ssize_t num_children;  /* blocks stored right after it since it was stored */
     PyObject *value_hint;  /* a Rating */
     PyObject *queue_slot;
     PyObject *weakreflist;

@@ -302,7 +302,8 @@ num_watched(Pool *pool)
 }
 
 /* Caches blocks[i] under this group's hash of block i (hashes at the hash
- * block size, `stride` per block), as BlockPool.cache_blocks. */
+ * block size, `stride` per block), as BlockPool.cache_blocks: 1 when stored,
+ * 0 when another block caches that data already, -1 on error. */
 static int
 cache_one(Pool *pool, Group *g, BlockObject *b, PyObject *h)
 {
@@ -312,6 +313,7 @@ cache_one(Pool *pool, Group *g, BlockObject *b, PyObject *h)
     if (PyErr_Occurred())
         return -1;
     Py_SETREF(b->block_hash, Py_NewRef(h));
+    b->num_children = 0;
     if (hkv_set_field(&b->group_id, g->group_id) < 0 ||
         PyDict_SetItem(g->table, h, (PyObject *)b) < 0)
         return -1;
@@ -329,6 +331,22 @@ cache_one(Pool *pool, Group *g, BlockObject *b, PyObject *h)
             Py_DECREF(out);
         }
     }
+    return 1;
+}
+
+/* One more child of the block caching the data before blocks[i] (i > 0). */
+static int
+count_child(Pool *pool, Group *g, PyObject *blocks, PyObject *hashes, Py_ssize_t i)
+{
+    BlockObject *parent = BLOCK(PyList_GET_ITEM(blocks, i - 1));
+    if (parent->block_hash == Py_None) {  /* the null block, or a copy of cached data */
+        PyObject *cached = PyDict_GetItemWithError(g->table,
+                                                   PyList_GET_ITEM(hashes, i * g->stride - 1));
+        if (cached == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        parent = BLOCK(cached);
+    }
+    parent->num_children++;
     return 0;
 }
 
@@ -368,7 +386,8 @@ hkv_pool_cache(Pool *pool, Group *g, PyObject *blocks, PyObject *hashes, Py_ssiz
             return -1;
         if ((PyObject *)b == pool->null_block || b->block_hash != Py_None)
             continue;
-        if (cache_one(pool, g, b, PyList_GET_ITEM(hashes, (i + 1) * g->stride - 1)) < 0)
+        int stored = cache_one(pool, g, b, PyList_GET_ITEM(hashes, (i + 1) * g->stride - 1));
+        if (stored < 0 || (stored && i && count_child(pool, g, blocks, hashes, i) < 0))
             return -1;
     }
     return 0;

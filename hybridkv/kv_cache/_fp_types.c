@@ -76,6 +76,7 @@ static PyMemberDef block_members[] = {
     {"block_hash", T_OBJECT_EX, offsetof(BlockObject, block_hash), 0, NULL},
     {"group_id", T_OBJECT_EX, offsetof(BlockObject, group_id), 0, NULL},
     {"num_hits", T_PYSSIZET, offsetof(BlockObject, num_hits), 0, NULL},
+    {"num_children", T_PYSSIZET, offsetof(BlockObject, num_children), 0, NULL},
     {"value_hint", T_OBJECT_EX, offsetof(BlockObject, value_hint), 0, NULL},
     {"queue_slot", T_OBJECT_EX, offsetof(BlockObject, queue_slot), 0, NULL},
     {NULL},

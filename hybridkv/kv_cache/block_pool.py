@@ -43,7 +43,7 @@ class PyBlock:
     """
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "group_id", "num_hits", "value_hint",
-                 "queue_slot", "__weakref__")
+                 "queue_slot", "num_children", "__weakref__")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -55,6 +55,9 @@ class PyBlock:
         self.num_hits = 0
         self.value_hint: Rating = NORMAL_VALUE
         self.queue_slot = -1  # for the eviction policy's own use (e.g. a tier)
+        # blocks stored right after it in its group since it was stored (the
+        # continuations of its data: more than one where prompts branch)
+        self.num_children = 0
 
     def __repr__(self) -> str:
         h = self.block_hash.hex()[:8] if self.block_hash else None
@@ -218,7 +221,8 @@ class BlockPool:
 
         Skipped: the null block, blocks already caching data, and blocks whose
         hash another block caches already (that one counts a use: the request
-        recomputed data the cache held).
+        recomputed data the cache held). A block stored counts as a child of the
+        block caching the hash before it (`Block.num_children`).
         """
         table = self.cached[group_id]
         null, subscribers, stored = self.null_block, self._subscribers, 0
@@ -234,8 +238,15 @@ class BlockPool:
                 continue
             block.block_hash = block_hash
             block.group_id = group_id
+            block.num_children = 0
             table[block_hash] = block
             stored += 1
+            if i:  # one more continuation of the block before it
+                parent = blocks[i - 1]
+                if parent.block_hash is None:  # the null block, or a copy of cached data
+                    parent = table.get(block_hashes[i - 1])
+                if parent is not None:
+                    parent.num_children += 1
             if subscribers:
                 self._emit(BlockStored(block_hash, group_id, block.block_id))
             if evicted and block_hash in evicted:

@@ -50,6 +50,8 @@ class HybridCoordinator:
         # full attention first: any prefix of its hit is a hit, so it is looked up once
         self._full_ids = [i for i, m in enumerate(self.managers) if m.downward_closed]
         self._other_ids = [i for i, m in enumerate(self.managers) if not m.downward_closed]
+        for m in self.managers:  # the group whose blocks end a junction (`branches_at`)
+            m.junction_group = self._full_ids[0] if self._full_ids else None
         # groups whose prepare() without a hit releases skipped blocks
         self._skipping = [m for m in self.managers if m.skips]
         self._pool_searches: list[Search] = [m.find_longest_cache_hit for m in self.managers]

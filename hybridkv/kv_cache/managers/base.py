@@ -93,6 +93,9 @@ class SingleTypeManager(ABC):
         # set by types that keep skipped blocks for reuse (see the module docstring)
         self.retention: Retention | None = None
         self.protection: Protection | None = None
+        # the full-attention group whose match is the junction (set by the
+        # coordinator; None without one): `branches_at` reads its blocks
+        self.junction_group: int | None = None
 
     # ---- the type's rules ----------------------------------------------------
 
@@ -341,6 +344,24 @@ class SingleTypeManager(ABC):
         request's end when it finishes (`request.num_computed_tokens`). Full
         attention needs every block before an anchor, so it rates nothing.
         """
+
+    def branches_at(self, request: Request, junction: int) -> bool:
+        """Whether prompts branch at the request's junction: the full-attention block
+        ending there has had a continuation stored besides the request's own (two
+        children or more, `Block.num_children`), so other prompts diverge there.
+        Where the cached data simply ended (the previous step of an agent, the
+        previous turn of a chat), the request's own continuation is the only one and
+        later prompts pass through. True when it cannot tell (no full-attention
+        group, no hashes, or that block no longer cached)."""
+        hasher = getattr(request, "hasher", None)
+        if self.junction_group is None or hasher is None or junction <= 0:
+            return True
+        i = junction // hasher.block_size - 1
+        hashes = hasher.hashes
+        if i >= len(hashes):
+            return True
+        block = self.pool.cached[self.junction_group].get(hashes[i])
+        return block is None or block.num_children >= 2
 
     # ---- fast path -----------------------------------------------------------
 

@@ -109,8 +109,11 @@ class SlidingWindowManager(SingleTypeManager):
         """The window of the junction is rated a junction when it is short next to the
         prefix it completes (at most half of it): a window as long as the prefix would
         rank as many blocks as the prefix above it, and the pool would give up the prefix
-        first and keep the window stranded. The windows of stops in the prompt's tail and
-        of the request's end keep their rating; the rest is low value.
+        first and keep the window stranded. And only where prompts branch
+        (`branches_at`): where the cached data simply ended there (an agent's or a
+        chat's previous step), the next step passes through it and needs the window at
+        this request's end instead. The windows of stops in the prompt's tail and of the
+        request's end keep their rating; the rest is low value.
 
         Kept blocks before the junction that no hit used were recomputed while the
         full-attention blocks of their positions were cached (taken by `share`, which
@@ -119,9 +122,10 @@ class SlidingWindowManager(SingleTypeManager):
         would stop at the same point again."""
         bs, need, null = self.block_size, self.spec.num_window_blocks, self.null_block
         shared = junction // bs
-        at_junction = JUNCTION if 2 * need <= shared else NORMAL_VALUE
-        prompt, computed = request.num_prompt_tokens // bs, request.num_computed_tokens // bs
         j_lo = shared - need  # the window of the junction: rated a junction
+        at_junction = JUNCTION if 2 * need <= shared and start < shared and end > j_lo \
+            and self.branches_at(request, junction) else NORMAL_VALUE
+        prompt, computed = request.num_prompt_tokens // bs, request.num_computed_tokens // bs
         # kept as they are: the windows of the stops in the prompt's tail (which hold
         # the prompt end's) and the window of the request's end; the rest is low value
         t_lo = prompt - need - self.tail_margin_tokens // bs

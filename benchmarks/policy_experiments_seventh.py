@@ -1,0 +1,168 @@
+"""Seventh-round candidate rules: the LRU queue the votes ask about follows LRU's
+own history, not the tiers'.
+
+`LruPositions` replays the takes, releases and hits that happened under `hybrid`.
+Where the two orders part, that queue drifts from the one LRU would have had:
+
+- a hit on a block LRU would already have taken (position < 0) is counted as a
+  hit on a block ahead of later releases, though LRU's front already passed it
+  (counted twice); under LRU that data would have been computed again: one block
+  taken instead;
+- data evicted by the tiers and computed again while LRU would still have held
+  it was, under LRU, a hit: one block taken fewer, one hit on that release more.
+
+Each policy is `hybrid`'s Python reference with one change:
+
+    python benchmarks/bench_policy_grid.py --out DIR \\
+        --plugin benchmarks/policy_experiments_seventh.py \\
+        --policies lru,hybrid,lru_history
+
+Results: docs/eviction-experiments.md, "Seventh round".
+"""
+
+from __future__ import annotations
+
+from hybridkv.kv_cache.eviction import hybrid as H
+from hybridkv.kv_cache.eviction import register_eviction_policy
+from hybridkv.kv_cache.eviction.base import EvictionPolicy
+
+
+def history(missed_hits: bool = True, returned: bool = True, vote_tiers=None,
+            junction_votes: bool = True):
+    """`hybrid` whose LRU queue follows LRU's history:
+
+    - `missed_hits`: a hit on a block LRU would have taken records no hit in the
+      queue, and one block taken (LRU computes that data again);
+    - `returned`: evicted data computed again that LRU would still have held
+      records a hit on its release, and one block taken fewer;
+    - `vote_tiers`: the tiers whose hits LRU would have missed vote (None: all);
+    - `junction_votes=False`: hits on junction-rated blocks do not vote.
+    """
+    class History(H.HybridTiers, EvictionPolicy):
+        uses_hints = True
+
+        def __init__(self, blocks=()):
+            super().__init__(blocks, (
+                H.AGE_EVERY, H.STALE_AGE, H.REUSE_DECAY, H.RETURN_GATE, H.RETURN_WEIGHT,
+                H.VOTE_WEIGHT, H.VOTE_BACK, H.GHOST_POOLS))
+
+        def remove_blocks(self, blocks):
+            if vote_tiers is not None or not junction_votes:
+                marks = self._marks
+                for block in blocks:
+                    if block.block_hash is not None and block.queue_slot >= H.FRESH and (
+                            vote_tiers is not None and block.queue_slot not in vote_tiers
+                            or not junction_votes and block.value_hint == H.JUNCTION):
+                        number, base = marks[block]
+                        marks[block] = (number, base + 10**12)  # no vote
+            if not missed_hits:
+                return super().remove_blocks(blocks)
+            tiers, clock, marks, lru = self._tiers, self._clock, self._marks, self._lru
+            reuse = self._reuse * self._reuse_decay
+            missed = 0
+            gone = []
+            for block in blocks:
+                gone.append(block.block_hash is not None and block.queue_slot >= H.FRESH
+                            and lru.position(marks[block]) < 0)
+            for block, lost in zip(blocks, gone):
+                if lost:
+                    self._vote(False, 1.0)
+            for block, lost in zip(blocks, gone):
+                slot = block.queue_slot
+                number = marks.pop(block)[0]
+                if lost:
+                    missed += 1
+                else:
+                    lru.hit(number)
+                released = tiers[slot].pop(block)
+                block.queue_slot = -1
+                if H.FRESH <= slot <= H.HIT_OFTEN and clock - released > reuse \
+                        and block.value_hint != H.JUNCTION:
+                    reuse = clock - released
+            lru.taken(missed)
+            self._reuse = reuse
+            self._num_free -= len(blocks)
+
+        def recomputed(self, block_hash):
+            if not returned:
+                return super().recomputed(block_hash)
+            if block_hash in self._watched:
+                del self._watched[block_hash]
+                self._returns += self._return_weight
+            number, base, from_hit = self._ghosts.pop(block_hash)
+            if from_hit:
+                self._vote(False, self._vote_back)
+            elif self._lru.position((number, base)) >= 0:
+                self._vote(True, 1.0)
+                self._lru.hit(number)
+                self._lru.taken(-1)
+
+    return History
+
+
+register_eviction_policy("lru_history", history())
+register_eviction_policy("lru_history_hits", history(returned=False))
+register_eviction_policy("lru_history_returns", history(missed_hits=False))
+register_eviction_policy("hybrid_py", history(False, False))
+register_eviction_policy("votes_fresh_once", history(False, False, (H.FRESH, H.HIT_ONCE)))
+register_eviction_policy("votes_fresh", history(False, False, (H.FRESH,)))
+register_eviction_policy("votes_no_junction", history(False, False, None, False))
+
+
+def always_lru():
+    """`hybrid` with LRU order for its never-hit and hit tiers from the start (votes
+    ignored): what the rest of the policy (empty, low value, kept tiers) costs."""
+    base = history(False, False)
+
+    class AlwaysLru(base):
+        def _vote(self, lru, count):
+            pass
+
+        def __init__(self, blocks=()):
+            super().__init__(blocks)
+            self._lru_share = 1.0
+
+    return AlwaysLru
+
+
+register_eviction_policy("tiers_lru_order", always_lru())
+
+
+def no_junction_premium():
+    """`hybrid` where a junction rating adds no hit (ranked by its hits alone)."""
+    base = history(False, False)
+
+    def tier(block):
+        t = H.tier_of(block)
+        if block.value_hint == H.JUNCTION and t in (H.HIT_ONCE, H.HIT_OFTEN):
+            hits = block.num_hits
+            return H.FRESH if not hits else H.HIT_ONCE if hits == 1 else H.HIT_OFTEN
+        return t
+
+    class NoPremium(base):
+        def add_free(self, blocks):
+            tiers, clock = self._tiers, self._clock
+            count, release, free = 0, self._lru.release, self._num_free
+            fresh = []
+            for block in blocks:
+                self._marks[block] = release(free + count, block.block_hash is None)
+                count += 1
+                t = tier(block)
+                block.queue_slot = t
+                if t == H.FRESH:
+                    fresh.append(block)
+                else:
+                    tiers[t][block] = clock
+            self._num_free += count
+            for block in reversed(fresh):
+                tiers[H.FRESH][block] = clock
+
+        def hint_changed(self, block):
+            del self._tiers[block.queue_slot][block]
+            block.queue_slot = t = tier(block)
+            self._tiers[t][block] = self._clock
+
+    return NoPremium
+
+
+register_eviction_policy("no_junction_premium", no_junction_premium())
