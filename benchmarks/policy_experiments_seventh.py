@@ -64,7 +64,7 @@ def history(missed_hits: bool = True, returned: bool = True, vote_tiers=None,
             for block in blocks:
                 gone.append(block.block_hash is not None and block.queue_slot >= H.FRESH
                             and lru.position(marks[block]) < 0)
-            for block, lost in zip(blocks, gone):
+            for lost in gone:
                 if lost:
                     self._vote(False, 1.0)
             for block, lost in zip(blocks, gone):
@@ -166,3 +166,29 @@ def no_junction_premium():
 
 
 register_eviction_policy("no_junction_premium", no_junction_premium())
+
+
+def back_checked(held_vote: bool | None):
+    """`hybrid` where hit data taken in LRU order that comes back votes for the tiers
+    only when one LRU queue would not still have held it either; when it would have,
+    `held_vote` True votes for LRU order, False casts no vote, None keeps the tiers'
+    VOTE_BACK votes (the reference)."""
+    base = history(False, False)
+
+    class BackChecked(base):
+        def recomputed(self, block_hash):
+            if block_hash in self._watched:
+                del self._watched[block_hash]
+                self._returns += self._return_weight
+            number, base_, from_hit = self._ghosts.pop(block_hash)
+            held = self._lru.position((number, base_)) >= 0
+            if from_hit and not (held and held_vote is not None):
+                self._vote(False, self._vote_back)
+            elif held and (not from_hit or held_vote):
+                self._vote(True, 1.0)
+
+    return BackChecked
+
+
+register_eviction_policy("back_checked_none", back_checked(False))
+register_eviction_policy("back_checked_lru", back_checked(True))

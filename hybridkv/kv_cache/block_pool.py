@@ -242,9 +242,9 @@ class BlockPool:
             table[block_hash] = block
             stored += 1
             if i:  # one more continuation of the block before it
-                parent = blocks[i - 1]
-                if parent.block_hash is None:  # the null block, or a copy of cached data
-                    parent = table.get(block_hashes[i - 1])
+                parent: Block | None = blocks[i - 1]
+                if parent is not None and parent.block_hash is None:
+                    parent = table.get(block_hashes[i - 1])  # null, or a copy of cached data
                 if parent is not None:
                     parent.num_children += 1
             if subscribers:

@@ -91,6 +91,37 @@ def test_duplicate_hash_is_not_cached_twice():
     pool.check_integrity()
 
 
+def test_a_stored_block_counts_as_a_continuation_of_the_block_before_it():
+    pool = BlockPool(12)
+    h = [bytes([i]) * 32 for i in range(8)]
+    first = pool.get_new_blocks(3)
+    assert pool.cache_blocks(first, h[0:3], 0, 3, 0) == 3
+    assert [b.num_children for b in first] == [1, 1, 0]
+    # a second chain computed the first two blocks again into blocks of its own (not
+    # stored: copies), then diverges: its third block is a second continuation of the
+    # block caching h[1], found by its hash
+    second = pool.get_new_blocks(3)
+    assert pool.cache_blocks(second, [h[0], h[1], h[3]], 0, 3, 0) == 1
+    assert [b.num_children for b in first] == [1, 2, 0]
+    assert [b.num_children for b in second] == [0, 0, 0]
+    # a group whose block before is null (left a window): found by its hash too
+    (third,) = pool.get_new_blocks(1)
+    assert pool.cache_blocks([pool.null_block, third], [h[0], h[4]], 1, 2, 0) == 1
+    assert first[0].num_children == 2
+    # cached in a later call: the block before it is the list's, cached earlier
+    (tail,) = pool.get_new_blocks(1)
+    assert pool.cache_blocks(first + [tail], h[0:3] + [h[5]], 3, 4, 0) == 1
+    assert first[2].num_children == 1
+    # data stored again in a block after an eviction counts its continuations anew
+    pool.free_blocks(first + second + [third, tail])
+    assert pool.evict_blocks([first[1].block_id]) == 1
+    (again,) = pool.get_new_blocks(1)
+    assert again is first[1]
+    assert pool.cache_blocks([first[0], again], h[0:2], 1, 2, 0) == 1
+    assert again.num_children == 0 and first[0].num_children == 3
+    pool.check_integrity([again])
+
+
 def test_evict_blocks_keeps_holders_and_moves_free_blocks_to_the_front():
     pool = BlockPool(5)
     a, b, c = pool.get_new_blocks(3)

@@ -283,6 +283,25 @@ def test_a_junction_window_as_long_as_half_its_prefix_or_more_is_not():
     assert junction_window_hints(2) == [NORMAL_VALUE, NORMAL_VALUE]
 
 
+def test_a_junction_where_the_cached_data_ended_is_rated_a_junction_only_once_prompts_branch():
+    # an agent's or a chat's next step: the hit stops where the previous request's
+    # cached data ended, the next step will pass through that point, and the window
+    # there is worth no more than the window at this request's end; once another
+    # prompt continues the same prefix differently, prompts branch there
+    mgr = manager(SlidingWindowSpec(block_size=B, sliding_window=2 * B))
+    shared = list(range(100, 100 + 7 * B))
+    run(mgr, shared)  # cached 7 blocks, nothing after them
+    n, step = run(mgr, shared + list(range(500, 500 + 3 * B)))
+    assert n == 7 * B
+    assert hints(mgr, step[1][5:7]) == [NORMAL_VALUE, NORMAL_VALUE]
+    n, branch = run(mgr, shared + list(range(700, 700 + 3 * B)))
+    assert n == 7 * B
+    assert hints(mgr, branch[1][5:7]) == [JUNCTION, JUNCTION]
+    last_full = mgr.pool.blocks[branch[0][6]]
+    assert last_full.num_children == 2  # the two continuations stored after it
+    mgr.check_integrity()
+
+
 def test_window_blocks_recomputed_before_the_junction_count_the_hit_the_prefix_got():
     # the first prompt's window at the shared prefix's end is evicted: the second
     # prompt's hit stops two blocks earlier, it recomputes them (sharing the cached
