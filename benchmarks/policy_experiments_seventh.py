@@ -1,21 +1,28 @@
-"""Seventh-round candidate rules: the LRU queue the votes ask about follows LRU's
-own history, not the tiers'.
+"""Seventh-round candidate rules, on the rules of the build with the junction
+premium only where prompts branch (`docs/eviction.md`).
 
-`LruPositions` replays the takes, releases and hits that happened under `hybrid`.
-Where the two orders part, that queue drifts from the one LRU would have had:
+Each policy is `hybrid`'s Python reference (`HybridTiers`) with one change;
+`hybrid_py` is `hybrid` itself:
 
-- a hit on a block LRU would already have taken (position < 0) is counted as a
-  hit on a block ahead of later releases, though LRU's front already passed it
-  (counted twice); under LRU that data would have been computed again: one block
-  taken instead;
-- data evicted by the tiers and computed again while LRU would still have held
-  it was, under LRU, a hit: one block taken fewer, one hit on that release more.
-
-Each policy is `hybrid`'s Python reference with one change:
+- `lru_history`, `lru_history_hits`, `lru_history_returns`: the LRU queue the votes
+  ask about follows LRU's own history where the two orders part. A hit on a block
+  LRU would already have taken (position < 0) records no hit (LRU's front passed
+  it already) and one block taken (LRU computes that data again); evicted data
+  computed again that LRU would still have held records a hit on its release and
+  one block taken fewer (both, or one of the two);
+- `votes_fresh`, `votes_fresh_once`, `votes_no_junction`: only hits on never-hit
+  blocks (or never-hit and hit-once blocks) vote for the tiers; hits on blocks
+  rated a junction do not vote;
+- `back_checked_none`, `back_checked_lru`: hit data taken in LRU order that comes
+  back votes for the tiers only when one LRU queue would not still have held it
+  either; else no vote, or a vote for LRU order;
+- `tiers_lru_order`: LRU order for the never-hit and hit tiers from the start,
+  votes ignored (what the other tiers and the ratings cost under LRU order);
+- `no_junction_premium`: a junction rating adds no hit anywhere.
 
     python benchmarks/bench_policy_grid.py --out DIR \\
         --plugin benchmarks/policy_experiments_seventh.py \\
-        --policies lru,hybrid,lru_history
+        --policies lru,hybrid,lru_history,votes_fresh
 
 Results: docs/eviction-experiments.md, "Seventh round".
 """
