@@ -354,7 +354,8 @@ class SingleTypeManager(ABC):
         later prompts pass through. True when it cannot tell (no full-attention
         group, no hashes, or that block no longer cached)."""
         hasher = getattr(request, "hasher", None)
-        if self.junction_group is None or hasher is None or junction <= 0:
+        if self.junction_group is None or hasher is None or junction <= 0 \
+                or hasher.block_size * self.stride != self.block_size:  # hashed otherwise
             return True
         i = junction // hasher.block_size - 1
         hashes = hasher.hashes
