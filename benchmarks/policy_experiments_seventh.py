@@ -199,3 +199,58 @@ def back_checked(held_vote: bool | None):
 
 register_eviction_policy("back_checked_none", back_checked(False))
 register_eviction_policy("back_checked_lru", back_checked(True))
+
+
+def requeue_in_place():
+    """`hybrid` where a block queued anew because its rating changed (a request's
+    protected windows when it ends: `remove_blocks` on free blocks, then `add_free`)
+    keeps its place in the votes' LRU queue: `lru` never moves it, so neither hit nor
+    release is recorded, no vote is cast and no reuse distance measured."""
+    base = history(False, False)
+
+    class RequeueInPlace(base):
+        def __init__(self, blocks=()):
+            super().__init__(blocks)
+            self._requeued: dict = {}
+
+        def remove_blocks(self, blocks):
+            moved = [b for b in blocks if b.ref_cnt == 0]
+            if not moved:
+                return super().remove_blocks(blocks)
+            hits = [b for b in blocks if b.ref_cnt != 0]
+            if hits:
+                super().remove_blocks(hits)
+            for block in moved:
+                self._requeued[block] = self._marks.pop(block)
+                self._tiers[block.queue_slot].pop(block)
+                block.queue_slot = -1
+            self._num_free -= len(moved)
+
+        def add_free(self, blocks):
+            blocks = list(blocks)
+            requeued = self._requeued
+            if not requeued:
+                return super().add_free(blocks)
+            tiers, clock = self._tiers, self._clock
+            release, free, count = self._lru.release, self._num_free + len(requeued), 0
+            fresh = []
+            for block in blocks:
+                mark = requeued.pop(block, None)
+                if mark is None:
+                    mark = release(free + count, block.block_hash is None)
+                    count += 1
+                self._marks[block] = mark
+                t = H.tier_of(block)
+                block.queue_slot = t
+                if t == H.FRESH:
+                    fresh.append(block)
+                else:
+                    tiers[t][block] = clock
+            self._num_free += len(blocks)
+            for block in reversed(fresh):
+                tiers[H.FRESH][block] = clock
+
+    return RequeueInPlace
+
+
+register_eviction_policy("requeue_in_place", requeue_in_place())
