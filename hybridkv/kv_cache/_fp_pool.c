@@ -338,7 +338,9 @@ cache_one(Pool *pool, Group *g, BlockObject *b, PyObject *h)
 static int
 count_child(Pool *pool, Group *g, PyObject *blocks, PyObject *hashes, Py_ssize_t i)
 {
-    BlockObject *parent = BLOCK(PyList_GET_ITEM(blocks, i - 1));
+    BlockObject *parent = block_at(blocks, i - 1);
+    if (parent == NULL)
+        return -1;
     if (parent->block_hash == Py_None) {  /* the null block, or a copy of cached data */
         PyObject *cached = PyDict_GetItemWithError(g->table,
                                                    PyList_GET_ITEM(hashes, i * g->stride - 1));
