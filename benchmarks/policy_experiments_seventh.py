@@ -90,6 +90,27 @@ def history(missed_hits: bool = True, returned: bool = True, vote_tiers=None,
             self._reuse = reuse
             self._num_free -= len(blocks)
 
+        def _queue(self, blocks, tier=H.tier_of, kept=None):
+            """`add_free` with another tier rule, or with the marks in `kept` for blocks
+            that never left the votes' LRU queue (they stand ahead of new releases)."""
+            tiers, clock, marks, release = self._tiers, self._clock, self._marks, self._lru.release
+            free, count, fresh = self._num_free + len(kept or ()), 0, []
+            for block in blocks:
+                mark = kept.pop(block, None) if kept else None
+                if mark is None:
+                    mark = release(free + count, block.block_hash is None)
+                    count += 1
+                marks[block] = mark
+                t = tier(block)
+                block.queue_slot = t
+                if t == H.FRESH:
+                    fresh.append(block)
+                else:
+                    tiers[t][block] = clock
+                self._num_free += 1
+            for block in reversed(fresh):  # the whole release goes first, its tail first
+                tiers[H.FRESH][block] = clock
+
         def recomputed(self, block_hash):
             if not returned:
                 return super().recomputed(block_hash)
@@ -148,21 +169,7 @@ def no_junction_premium():
 
     class NoPremium(base):
         def add_free(self, blocks):
-            tiers, clock = self._tiers, self._clock
-            count, release, free = 0, self._lru.release, self._num_free
-            fresh = []
-            for block in blocks:
-                self._marks[block] = release(free + count, block.block_hash is None)
-                count += 1
-                t = tier(block)
-                block.queue_slot = t
-                if t == H.FRESH:
-                    fresh.append(block)
-                else:
-                    tiers[t][block] = clock
-            self._num_free += count
-            for block in reversed(fresh):
-                tiers[H.FRESH][block] = clock
+            self._queue(blocks, tier=tier)
 
         def hint_changed(self, block):
             del self._tiers[block.queue_slot][block]
@@ -227,28 +234,9 @@ def requeue_in_place():
             self._num_free -= len(moved)
 
         def add_free(self, blocks):
-            blocks = list(blocks)
-            requeued = self._requeued
-            if not requeued:
+            if not self._requeued:
                 return super().add_free(blocks)
-            tiers, clock = self._tiers, self._clock
-            release, free, count = self._lru.release, self._num_free + len(requeued), 0
-            fresh = []
-            for block in blocks:
-                mark = requeued.pop(block, None)
-                if mark is None:
-                    mark = release(free + count, block.block_hash is None)
-                    count += 1
-                self._marks[block] = mark
-                t = H.tier_of(block)
-                block.queue_slot = t
-                if t == H.FRESH:
-                    fresh.append(block)
-                else:
-                    tiers[t][block] = clock
-            self._num_free += len(blocks)
-            for block in reversed(fresh):
-                tiers[H.FRESH][block] = clock
+            self._queue(blocks, kept=self._requeued)
 
     return RequeueInPlace
 

@@ -361,7 +361,7 @@ class SingleTypeManager(ABC):
         hashes = hasher.hashes
         if i >= len(hashes):
             return True
-        block = self.pool.cached[self.junction_group].get(hashes[i])
+        block = self.pool.get_cached_block(hashes[i], self.junction_group)
         return block is None or block.num_children >= 2
 
     # ---- fast path -----------------------------------------------------------
