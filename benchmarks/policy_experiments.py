@@ -25,7 +25,38 @@ RULES_NOW = (H.AGE_EVERY, H.STALE_AGE, H.REUSE_DECAY, H.RETURN_GATE, H.RETURN_WE
 RULES = RULES_NOW[:5] + (0.0, 0.0, H.GHOST_POOLS)  # no LRU votes (before the fifth round)
 
 
-class Reference(HybridTiers, EvictionPolicy):
+class ReleaseClockOrder:
+    """LRU order as `hybrid` had it before the eighth round (the earlier rounds' plugins
+    are built on it, so their figures still come out): the bottom of the never-hit stack
+    against the fronts of the hit tiers, compared by the clock at their release."""
+
+    def _oldest_tier(self):
+        """Of the bottom of the never-hit stack (not empty) and the fronts of the hit
+        tiers, the tier of the block released first (ties: the never-hit one)."""
+        tiers = self._tiers
+        fresh = tiers[FRESH]
+        best, best_t = fresh[next(iter(fresh))], FRESH
+        for t in (HIT_ONCE, HIT_OFTEN):
+            tier = tiers[t]
+            if tier and tier[next(iter(tier))] < best:
+                best, best_t = tier[next(iter(tier))], t
+        return best_t
+
+    def _take_lru(self, out, num_blocks):
+        tiers, fresh = self._tiers, self._tiers[FRESH]
+        while num_blocks and fresh:
+            best_t = self._oldest_tier()
+            block = tiers[best_t].popitem(last=False)[0]
+            if best_t == FRESH:
+                self._evicted_fresh([block])
+            else:
+                self._from_hit.add(block)
+            block.queue_slot = -1
+            out.append(block)
+            num_blocks -= 1
+
+
+class Reference(ReleaseClockOrder, HybridTiers, EvictionPolicy):
     """`hybrid` in Python (without the LRU votes), with hooks for the variants below."""
 
     uses_hints = True

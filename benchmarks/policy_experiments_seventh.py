@@ -29,9 +29,16 @@ Results: docs/eviction-experiments.md, "Seventh round".
 
 from __future__ import annotations
 
-from hybridkv.kv_cache.eviction import hybrid as H
-from hybridkv.kv_cache.eviction import register_eviction_policy
-from hybridkv.kv_cache.eviction.base import EvictionPolicy
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from policy_experiments import ReleaseClockOrder  # noqa: E402
+
+from hybridkv.kv_cache.eviction import hybrid as H  # noqa: E402
+from hybridkv.kv_cache.eviction import register_eviction_policy  # noqa: E402
+from hybridkv.kv_cache.eviction.base import EvictionPolicy  # noqa: E402
 
 
 def history(missed_hits: bool = True, returned: bool = True, vote_tiers=None,
@@ -45,7 +52,7 @@ def history(missed_hits: bool = True, returned: bool = True, vote_tiers=None,
     - `vote_tiers`: the tiers whose hits LRU would have missed vote (None: all);
     - `junction_votes=False`: hits on junction-rated blocks do not vote.
     """
-    class History(H.HybridTiers, EvictionPolicy):
+    class History(ReleaseClockOrder, H.HybridTiers, EvictionPolicy):
         uses_hints = True
 
         def __init__(self, blocks=()):

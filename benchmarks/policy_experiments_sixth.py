@@ -12,9 +12,16 @@ Results: docs/eviction-experiments.md, "Sixth round".
 
 from __future__ import annotations
 
-from hybridkv.kv_cache.eviction import hybrid as H
-from hybridkv.kv_cache.eviction import register_eviction_policy
-from hybridkv.kv_cache.eviction.base import EvictionPolicy
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from policy_experiments import ReleaseClockOrder  # noqa: E402
+
+from hybridkv.kv_cache.eviction import hybrid as H  # noqa: E402
+from hybridkv.kv_cache.eviction import register_eviction_policy  # noqa: E402
+from hybridkv.kv_cache.eviction.base import EvictionPolicy  # noqa: E402
 
 
 def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
@@ -42,7 +49,7 @@ def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
       that comes back counts for it (shares decaying by 1/64); it is on only while
       the share for it is at least the share against it.
     """
-    class Votes(H.HybridTiers, EvictionPolicy):
+    class Votes(ReleaseClockOrder, H.HybridTiers, EvictionPolicy):
         uses_hints = True
 
         def __init__(self, blocks=()):
