@@ -40,6 +40,11 @@ typedef struct BlockObject {
     Py_ssize_t q_released;
     Py_ssize_t q_mark_number, q_mark_base;
     int q_tier;
+    /* its place in that policy's LRU order of cached free blocks (o_owner: the
+     * policy, NULL: none; o_parked: out of the order, passed over while kept) */
+    void *o_owner;
+    struct BlockObject *o_prev, *o_next;
+    int o_parked;
 } BlockObject;
 
 extern PyTypeObject HKV_BlockType;

@@ -37,9 +37,12 @@ hkv_hybrid_tier_of(BlockObject *b)
 static void
 clear_tiers(HybridObject *self)
 {
+    while (self->order_head != NULL)
+        order_unlink(self, self->order_head, 0);
     for (int t = 0; t < NUM_TIERS; t++) {
         while (self->tiers[t].head != NULL) {
             BlockObject *b = pop_block(self, t, 0);
+            order_drop(self, b);  /* parked */
             Py_DECREF(b);
         }
     }
@@ -212,6 +215,8 @@ hybrid_add_free(HybridObject *self, PyObject *blocks)
     for (Py_ssize_t i = 0; i < n; i++) {
         BlockObject *b = BLOCK(items[i]);
         mark_release(self, b, self->num_free + i);
+        if (b->o_owner != self && b->block_hash != Py_None)  /* (ours: queued anew) */
+            order_push(self, b, 0);
         int t = hkv_hybrid_tier_of(b);
         if (t == FRESH) {
             any_fresh = 1;
@@ -227,6 +232,12 @@ hybrid_add_free(HybridObject *self, PyObject *blocks)
             Py_INCREF(b);
             push_tail(self, FRESH, b, clock);
         }
+    }
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {  /* parked ones: every block released before
+                                                 them is gone, the front */
+        BlockObject *b = BLOCK(items[i]);
+        if (b->o_owner == self && b->o_parked)
+            order_push(self, b, 1);
     }
     self->num_free += n;
     Py_DECREF(seq);
@@ -248,6 +259,8 @@ remove_checked(HybridObject *self, PyObject *seq)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         BlockObject *b = BLOCK(items[i]);
+        if (b->ref_cnt)  /* held again (an unheld block is only being queued anew) */
+            order_drop(self, b);
         int slot = b->q_tier;
         Py_ssize_t waited = clock - b->q_released;
         hkv_lrupos_hit(&self->lru, b->q_mark_number);
@@ -332,6 +345,8 @@ hybrid_hint_changed(HybridObject *self, PyObject *block)
     unlink_block(self, b);
     int t = hkv_hybrid_tier_of(b);
     push_tail(self, t, b, self->clock);  /* the list's reference moves with it */
+    if (t != KEPT && b->o_owner == self && b->o_parked)
+        order_push(self, b, 1);
     return Py_NewRef(Py_None);
 }
 
@@ -345,6 +360,7 @@ hybrid_uncache(HybridObject *self, PyObject *block)
     BlockObject *b = BLOCK(block);
     Py_ssize_t released = b->q_released;
     hkv_lrupos_to_front(&self->lru, b->q_mark_number);
+    order_drop(self, b);
     unlink_block(self, b);
     push_tail(self, EMPTY, b, released);  /* on top: reused first */
     Py_RETURN_NONE;

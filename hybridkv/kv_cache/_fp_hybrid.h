@@ -32,6 +32,8 @@ typedef struct {
     double lru_share, tier_share;  /* votes for LRU order and for the tiers */
     Watch ghosts;          /* every evicted hash (`evicted`), with its release marks and
                               whether it was hit data taken in LRU order */
+    BlockObject *order_head, *order_tail;  /* cached free blocks in LRU's order (front:
+                                              released first; BlockObject.o_*) */
     /* the rules' constants, given at construction (hybrid.py's names) */
     Py_ssize_t age_every, ghost_pools;
     double stale_age, reuse_decay, return_gate, return_weight, vote_weight, vote_back;
@@ -115,6 +117,68 @@ pop_block(HybridObject *self, int t, int from_tail)
     BlockObject *b = from_tail ? self->tiers[t].tail : self->tiers[t].head;
     unlink_block(self, b);
     return b;
+}
+
+/* ---- LRU's order of the cached free blocks (a second list through the blocks,
+ * holding a reference to each; a parked block is out of it and holds none) ------ */
+
+static inline void
+order_push(HybridObject *self, BlockObject *b, int front)
+{
+    Py_INCREF(b);
+    b->o_owner = self;
+    b->o_parked = 0;
+    if (front) {
+        b->o_prev = NULL;
+        b->o_next = self->order_head;
+        if (self->order_head != NULL)
+            self->order_head->o_prev = b;
+        else
+            self->order_tail = b;
+        self->order_head = b;
+    }
+    else {
+        b->o_next = NULL;
+        b->o_prev = self->order_tail;
+        if (self->order_tail != NULL)
+            self->order_tail->o_next = b;
+        else
+            self->order_head = b;
+        self->order_tail = b;
+    }
+}
+
+/* Takes b (in the order, not parked) out of it; parked: it stays the policy's. */
+static inline void
+order_unlink(HybridObject *self, BlockObject *b, int parked)
+{
+    if (b->o_prev != NULL)
+        b->o_prev->o_next = b->o_next;
+    else
+        self->order_head = b->o_next;
+    if (b->o_next != NULL)
+        b->o_next->o_prev = b->o_prev;
+    else
+        self->order_tail = b->o_prev;
+    b->o_prev = b->o_next = NULL;
+    b->o_owner = parked ? (void *)self : NULL;
+    b->o_parked = parked;
+    Py_DECREF(b);
+}
+
+/* b is no longer a cached free block of this policy (in the order or parked). */
+static inline void
+order_drop(HybridObject *self, BlockObject *b)
+{
+    if (b->o_owner != self)
+        return;
+    if (b->o_parked) {
+        b->o_owner = NULL;
+        b->o_parked = 0;
+    }
+    else {
+        order_unlink(self, b, 0);
+    }
 }
 
 static inline int

@@ -56,6 +56,7 @@ remember(HybridObject *self, BlockObject *b, int from_hit)
 static inline int
 give(HybridObject *self, PyObject *out, BlockObject *b, int from_hit)
 {
+    order_drop(self, b);
     if (remember(self, b, from_hit) < 0) {
         Py_DECREF(b);
         return -1;
@@ -92,26 +93,33 @@ take_fresh(HybridObject *self, PyObject *out, Py_ssize_t num_blocks)
     return 0;
 }
 
-/* Takes up to `num_blocks`, least recently released first, from the bottom of the
- * never-hit stack and the fronts of the hit tiers (ties: the never-hit block). */
+/* Takes up to `num_blocks` never-hit and hit blocks in LRU's order (the front of
+ * the order); kept blocks met at the front are parked. */
 static int
 take_lru(HybridObject *self, PyObject *out, Py_ssize_t num_blocks)
 {
     Tier *fresh = &self->tiers[FRESH];
     while (num_blocks && fresh->size) {
-        int best_t = FRESH;
-        Py_ssize_t best = fresh->head->q_released;
-        for (int t = HIT_ONCE; t <= HIT_OFTEN; t++)
-            if (self->tiers[t].size && self->tiers[t].head->q_released < best) {
-                best = self->tiers[t].head->q_released;
-                best_t = t;
-            }
-        BlockObject *b = pop_block(self, best_t, 0);
-        if (best_t == FRESH && evicted_fresh(self, &b, 1) < 0) {
+        BlockObject *b = self->order_head;
+        if (b == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "take: a never-hit block is out of LRU's order");
+            return -1;
+        }
+        if (b->q_owner != self) {  /* taken out of its tier and not queued again */
+            order_unlink(self, b, 0);
+            continue;
+        }
+        int t = b->q_tier;
+        if (t < FRESH || t > HIT_OFTEN) {  /* kept for a running request */
+            order_unlink(self, b, 1);
+            continue;
+        }
+        unlink_block(self, b);  /* the tier's reference passes to give */
+        if (t == FRESH && evicted_fresh(self, &b, 1) < 0) {
             Py_DECREF(b);
             return -1;
         }
-        if (give(self, out, b, best_t != FRESH) < 0)
+        if (give(self, out, b, t != FRESH) < 0)
             return -1;
         num_blocks--;
     }

@@ -1,10 +1,20 @@
 """The hybrid eviction policy in small exact scenarios: which block goes first and why."""
 
 import functools
+import random
+
+import pytest
 
 from hybridkv import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager, Request
 from hybridkv.kv_cache.block_pool import BlockPool
-from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE
+from hybridkv.kv_cache.eviction import (
+    EVICTION_POLICIES,
+    JUNCTION,
+    LOW_VALUE,
+    NORMAL_VALUE,
+    PROTECTED,
+    EvictionPolicy,
+)
 from hybridkv.kv_cache.eviction import hybrid as hybrid_eviction
 
 
@@ -317,3 +327,134 @@ def test_empty_blocks_released_go_before_what_lru_would_keep():
     # new data queues behind x: the three takes would have taken h1 and x under LRU,
     # no vote, the tiers' order (the newest never-hit release, n)
     assert churn_scenario("cached") == 4
+
+
+def lru_order_scenario(pool_size, before_x, after_x=()):
+    """Puts the policy in LRU order: two blocks kept for a running request are released
+    (the last ids but one), then the releases in `before_x` (lists of (id, num_hits,
+    rating), one list per release), then never-hit x (the last id), which is taken at
+    once and its data computed again while one LRU queue would still hold it (two kept
+    blocks ahead of it). Then the releases in `after_x`, no take between them. Returns
+    the pool and its blocks by id."""
+    pool = BlockPool(pool_size, eviction_policy="hybrid")
+    held = pool.get_new_blocks(pool_size - 1)  # ids 1..pool_size-1, all held
+    cached(pool, [b.block_id for b in held], b"q")
+    x = held[-1]
+
+    def release(blocks):
+        for b, hits, rating in blocks:
+            b.num_hits, b.value_hint = hits, rating
+        pool.free_blocks([b for b, _, _ in blocks])
+
+    release([(held[-3], 0, PROTECTED), (held[-2], 0, PROTECTED)])
+    for blocks in before_x:
+        release([(held[i - 1], hits, rating) for i, hits, rating in blocks])
+    x_hash = x.block_hash
+    pool.free_blocks([x])
+    assert pool.get_new_blocks(1) == [x]  # the newest never-hit release
+    assert pool.cache_block(x, x_hash, 0)  # back: LRU would still have held it
+    for blocks in after_x:
+        release([(held[i - 1], hits, rating) for i, hits, rating in blocks])
+    return pool, {b.block_id: b for b in held}
+
+
+def test_lru_order_is_the_order_lru_would_take():
+    # a release given tail first (3, 2, 1: the order to evict them) goes tail first, as
+    # under LRU, not from its head (the bottom of the never-hit stack)
+    pool, _ = lru_order_scenario(10, [[(3, 0, NORMAL_VALUE), (2, 0, NORMAL_VALUE),
+                                      (1, 0, NORMAL_VALUE)]])
+    assert take_ids(pool, 3) == [3, 2, 1]
+    pool.check_integrity()
+    # releases with no take between them keep their order across tiers: hit-once h (4)
+    # was released before never-hit f (5), so it goes first (not a tie the never-hit
+    # block wins)
+    pool, _ = lru_order_scenario(10, [], [[(4, 1, NORMAL_VALUE)], [(5, 0, NORMAL_VALUE)]])
+    assert take_ids(pool, 2) == [4, 5]
+    pool.check_integrity()
+
+
+def test_a_block_queued_anew_keeps_its_place_in_lru_order():
+    # k (1) is kept for a running request, then never-hit a, b (2, 3) are released;
+    # the take passes k over (parked) and takes a. k's rating changes while it is free
+    # (its request ended): it goes back to the front of LRU's order, where its release
+    # put it (not behind b, as a new release would be)
+    pool, held = lru_order_scenario(10, [[(1, 0, PROTECTED)], [(2, 0, NORMAL_VALUE)],
+                                        [(3, 0, NORMAL_VALUE)]])
+    assert take_ids(pool, 1) == [2]
+    k = held[1]
+    k.value_hint = NORMAL_VALUE
+    pool.free_blocks([], requeue=[k])
+    assert take_ids(pool, 2) == [1, 3]
+    pool.check_integrity()
+    # a free block queued anew without being passed over stays where it was: c (4)
+    # released before d (5), re-rated, still goes first
+    pool, held = lru_order_scenario(10, [[(4, 0, NORMAL_VALUE)], [(5, 0, NORMAL_VALUE)]])
+    c = held[4]
+    c.value_hint = JUNCTION  # now a junction: hit once, but LRU's place is kept
+    pool.free_blocks([], requeue=[c])
+    assert take_ids(pool, 2) == [4, 5]
+    pool.check_integrity()
+
+
+class AlwaysLruOrder(hybrid_eviction.HybridTiers, EvictionPolicy):
+    """The Python tiers in LRU order whatever the votes say."""
+
+    uses_hints = True
+
+    def __init__(self, blocks=()):
+        super().__init__(blocks, (
+            hybrid_eviction.AGE_EVERY, hybrid_eviction.STALE_AGE, hybrid_eviction.REUSE_DECAY,
+            hybrid_eviction.RETURN_GATE, hybrid_eviction.RETURN_WEIGHT,
+            hybrid_eviction.VOTE_WEIGHT, hybrid_eviction.VOTE_BACK, hybrid_eviction.GHOST_POOLS))
+        self._lru_share = 1.0
+
+    def _vote(self, lru, count):
+        pass
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_in_lru_order_the_tiers_take_what_lru_takes(monkeypatch, seed):
+    # with every block never hit and rated plainly (one tier), LRU order must take
+    # exactly the blocks the `lru` policy takes, through releases in any order, hits,
+    # blocks queued anew and empty blocks
+    monkeypatch.setitem(EVICTION_POLICIES, "always_lru_order", AlwaysLruOrder)
+    rng = random.Random(seed)
+    pools = [BlockPool(24, eviction_policy=name) for name in ("lru", "always_lru_order")]
+    held: list[int] = []
+    num_hashes = 0
+    for _ in range(400):
+        op = rng.random()
+        free = pools[0].num_free_blocks
+        if op < 0.35 and free:
+            n = rng.randint(1, min(3, free))
+            ids = [[b.block_id for b in pool.get_new_blocks(n)] for pool in pools]
+            assert ids[0] == ids[1]
+            for i in ids[0]:
+                if rng.random() < 0.8:  # new data (else the block stays empty)
+                    num_hashes += 1
+                    data = num_hashes.to_bytes(32, "little")
+                    for pool in pools:
+                        assert pool.cache_block(pool.blocks[i], data, 0)
+            held += ids[0]
+        elif op < 0.7 and held:
+            ids = rng.sample(held, rng.randint(1, min(5, len(held))))  # in any order
+            for pool in pools:
+                pool.free_blocks([pool.blocks[i] for i in ids])
+            held = [i for i in held if i not in ids]
+        else:
+            cached = [b.block_id for b in pools[0].blocks[1:]
+                      if b.ref_cnt == 0 and b.block_hash is not None]
+            if not cached:
+                continue
+            i = rng.choice(cached)
+            for pool in pools:
+                block = pool.blocks[i]
+                if op < 0.85:  # a hit (the count reset: one tier)
+                    pool.touch([block])
+                    block.num_hits = 0
+                else:  # queued anew: LRU does not move it
+                    pool.free_blocks([], requeue=[block])
+            if op < 0.85:
+                held.append(i)
+    for pool in pools:
+        pool.check_integrity()

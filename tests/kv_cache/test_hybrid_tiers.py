@@ -2,7 +2,7 @@
 Python reference (`eviction.hybrid.HybridTiers`).
 
 Random operation sequences, as a pool makes them (take, free, hit, re-rate,
-uncache, recompute), run on both with their own copies of the same blocks; after
+queue anew, uncache, recompute), run on both with their own copies of the same blocks; after
 every operation the free blocks in eviction order, the count, every block's tier
 and the watched evictions must be equal. The rules' constants include settings
 where aging and the stale-data rule trigger often.
@@ -66,8 +66,10 @@ class Twin:
             self.release()
         elif op < 0.7 and self.free:
             self.hit()
-        elif op < 0.8 and self.free:
+        elif op < 0.75 and self.free:
             self.rerate()
+        elif op < 0.8 and self.free:
+            self.requeue()
         elif op < 0.88 and self.free:
             i = self.rng.choice(sorted(self.free))
             self.each_block(i, block_hash=None)
@@ -100,7 +102,8 @@ class Twin:
         ids = [b.block_id for b in py_out]
         assert [b.block_id for b in c_out] == ids
         for i in ids:  # new data, as the pool resets a block it hands out
-            self.each_block(i, num_hits=0, value_hint=NORMAL_VALUE, block_hash=self.new_hash())
+            self.each_block(i, num_hits=0, value_hint=NORMAL_VALUE, block_hash=self.new_hash(),
+                            ref_cnt=1)
         self.free.difference_update(ids)
         self.held.update(ids)
 
@@ -109,18 +112,36 @@ class Twin:
             ids = self.rng.sample(sorted(self.held), self.rng.randint(1, min(6, len(self.held))))
         for i in ids:
             self.each_block(i, num_hits=0 if fresh else self.rng.choice([0, 0, 1, 2, 3]),
-                            value_hint=NORMAL_VALUE if fresh else self.rng.choice(RATINGS))
+                            value_hint=NORMAL_VALUE if fresh else self.rng.choice(RATINGS),
+                            ref_cnt=0)
         self.call("add_free", ids)
         self.held.difference_update(ids)
         self.free.update(ids)
 
     def hit(self) -> None:
         ids = self.rng.sample(sorted(self.free), self.rng.randint(1, min(4, len(self.free))))
+        for i in ids:  # the pool takes the reference first
+            self.each_block(i, ref_cnt=1)
         self.call("remove_blocks", ids)
         for i in ids:
             self.each_block(i, num_hits=self.sides[1][1][i].num_hits + 1)
         self.free.difference_update(ids)
         self.held.update(ids)
+
+    def requeue(self) -> None:
+        """Free blocks whose rating changed queued anew, after the blocks of a release
+        (as `BlockPool.free_blocks` does with `requeue`)."""
+        ids = self.rng.sample(sorted(self.free), self.rng.randint(1, min(3, len(self.free))))
+        released = self.rng.sample(sorted(self.held), min(len(self.held), self.rng.randint(0, 3)))
+        self.call("remove_blocks", ids)
+        for i in ids:
+            self.each_block(i, value_hint=self.rng.choice(RATINGS))
+        for i in released:
+            self.each_block(i, num_hits=self.rng.choice([0, 0, 1]), value_hint=NORMAL_VALUE,
+                            ref_cnt=0)
+        self.call("add_free", released + ids)
+        self.held.difference_update(released)
+        self.free.update(released)
 
     def rerate(self) -> None:
         i = self.rng.choice(sorted(self.free))

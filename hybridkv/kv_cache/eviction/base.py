@@ -45,8 +45,9 @@ class EvictionPolicy(ABC):
     """
 
     # True for a policy that ranks by the hints (`num_hits`, `value_hint`): when a
-    # request ends, the free blocks its groups rated again are then removed and
-    # given to `add_free` again with its release (after its blocks)
+    # request ends, the free blocks its groups rated again are then removed (still
+    # unheld: `ref_cnt` 0, unlike a hit) and given to `add_free` again with its
+    # release (after its blocks)
     uses_hints: bool = False
     # hashes of evicted data the policy wants to hear about when it is computed and
     # cached again (`recomputed`); empty for policies that do not watch

@@ -55,9 +55,12 @@ step, evicted while finished agents' older context stays); a hit on data LRU
 would have dropped votes for the tiers (the oldest multi-turn sessions kept
 whole), and so, VOTE_BACK times, does hit data taken in LRU order that is
 computed again. Each vote is a decaying share (VOTE_WEIGHT). While LRU's share
-is larger, the never-hit tier, when it is the lowest left, is taken least
-recently released first together with both hit tiers (the bottom of its stack
-or the front of a hit tier, whichever was released first).
+is larger, the never-hit tier, when it is the lowest left, is taken together with
+both hit tiers in LRU's own order: the policy keeps its cached free blocks in one
+more list, in the order they were released (a release's tail first, as given),
+and takes from its front. A block queued again because its rating changed keeps
+its place there, as under LRU; a block kept for a running request that reaches
+the front is passed over and, once its rating changes, goes back to the front.
 """
 
 from __future__ import annotations
@@ -147,6 +150,10 @@ class HybridTiers:
         self._from_hit: set[Block] = set()  # hit blocks taken in LRU order (in a take)
         self._ghosts: OrderedDict[bytes, tuple[int, int, bool]] = OrderedDict()
         self.evicted = self._ghosts
+        # cached free blocks in LRU's order (front: released first); kept blocks an
+        # LRU-order take passed over are out of it, parked, until their rating changes
+        self._order: OrderedDict[Block, None] = OrderedDict()
+        self._parked: set[Block] = set()
         initial = list(blocks)
         for block in reversed(initial):  # a stack: the first given on top
             self._tiers[EMPTY][block] = 0
@@ -167,12 +174,17 @@ class HybridTiers:
         return block.queue_slot >= 0 and block in self._tiers[block.queue_slot]
 
     def add_free(self, blocks: Iterable[Block]) -> None:
-        fresh = []
-        tiers, clock = self._tiers, self._clock
+        fresh, unparked = [], []
+        tiers, clock, order, parked = self._tiers, self._clock, self._order, self._parked
         count, release, free = 0, self._lru.release, self._num_free
         for block in blocks:
             self._marks[block] = release(free + count, block.block_hash is None)
             count += 1
+            if block in parked:  # every block released before it is gone: the front
+                parked.remove(block)
+                unparked.append(block)
+            elif block.block_hash is not None and block not in order:  # (in it: queued again)
+                order[block] = None
             t = tier_of(block)
             block.queue_slot = t
             if t == FRESH:
@@ -183,18 +195,25 @@ class HybridTiers:
         stack = tiers[FRESH]
         for block in reversed(fresh):  # the whole release goes first, its tail first
             stack[block] = clock
+        for block in reversed(unparked):
+            order[block] = None
+            order.move_to_end(block, last=False)
 
     def remove(self, block: Block) -> None:
         self.remove_blocks((block,))
 
     def remove_blocks(self, blocks: Sequence[Block]) -> None:
         tiers, clock, marks, lru = self._tiers, self._clock, self._marks, self._lru
+        order, parked = self._order, self._parked
         reuse = self._reuse * self._reuse_decay  # one hit, however many blocks
         for block in blocks:  # where LRU would have had them when the hit came
             if block.block_hash is not None and block.queue_slot >= FRESH \
                     and lru.position(marks[block]) < 0:
                 self._vote(False, 1.0)  # a hit LRU would have missed
         for block in blocks:
+            if block.ref_cnt:  # held again (an unheld block is only being queued anew)
+                order.pop(block, None)
+                parked.discard(block)
             slot = block.queue_slot
             lru.hit(marks.pop(block)[0])
             released = tiers[slot].pop(block)
@@ -208,7 +227,10 @@ class HybridTiers:
     def take(self, num_blocks: int) -> list[Block]:
         out = self._take(num_blocks)
         ghosts, marks, from_hit = self._ghosts, self._marks, self._from_hit
+        order, parked = self._order, self._parked
         for block in out:
+            order.pop(block, None)
+            parked.discard(block)
             mark = marks.pop(block)
             if block.block_hash is not None:
                 ghosts[block.block_hash] = mark + (block in from_hit,)
@@ -250,26 +272,21 @@ class HybridTiers:
         self._clock += len(out)
         return out
 
-    def _oldest_tier(self) -> int:
-        """Of the bottom of the never-hit stack (not empty) and the fronts of the hit
-        tiers, the tier of the block released first (ties: the never-hit one)."""
-        tiers = self._tiers
-        fresh = tiers[FRESH]
-        best, best_t = fresh[next(iter(fresh))], FRESH
-        for t in (HIT_ONCE, HIT_OFTEN):
-            tier = tiers[t]
-            if tier and tier[next(iter(tier))] < best:
-                best, best_t = tier[next(iter(tier))], t
-        return best_t
-
     def _take_lru(self, out: list[Block], num_blocks: int) -> None:
-        """Take up to `num_blocks`, least recently released first, from the bottom of the
-        never-hit stack and the fronts of the hit tiers (ties: the never-hit block)."""
-        tiers, fresh = self._tiers, self._tiers[FRESH]
+        """Take up to `num_blocks` never-hit and hit blocks in LRU's order (the front of
+        `_order`); kept blocks met at the front are parked."""
+        tiers, order, fresh = self._tiers, self._order, self._tiers[FRESH]
         while num_blocks and fresh:
-            best_t = self._oldest_tier()
-            block = tiers[best_t].popitem(last=False)[0]
-            if best_t == FRESH:
+            block = next(iter(order))
+            del order[block]
+            t = block.queue_slot
+            if t < 0:  # taken out of its tier and not queued again
+                continue
+            if not FRESH <= t <= HIT_OFTEN:  # kept for a running request
+                self._parked.add(block)
+                continue
+            del tiers[t][block]
+            if t == FRESH:
                 self._evicted_fresh([block])
             else:
                 self._from_hit.add(block)
@@ -347,9 +364,15 @@ class HybridTiers:
         del self._tiers[block.queue_slot][block]
         block.queue_slot = t = tier_of(block)
         self._tiers[t][block] = self._clock
+        if t != KEPT and block in self._parked:
+            self._parked.remove(block)
+            self._order[block] = None
+            self._order.move_to_end(block, last=False)
 
     def uncache(self, block: Block) -> None:
         self._lru.to_front(self._marks[block][0])
+        self._order.pop(block, None)
+        self._parked.discard(block)
         released = self._tiers[block.queue_slot].pop(block)
         self._tiers[EMPTY][block] = released  # on top: reused first
         block.queue_slot = EMPTY
