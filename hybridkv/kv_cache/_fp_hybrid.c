@@ -215,7 +215,7 @@ hybrid_add_free(HybridObject *self, PyObject *blocks)
     for (Py_ssize_t i = 0; i < n; i++) {
         BlockObject *b = BLOCK(items[i]);
         mark_release(self, b, self->num_free + i);
-        if (b->o_owner != self && b->block_hash != Py_None)  /* (ours: queued anew) */
+        if (b->o_owner == NULL && b->block_hash != Py_None)  /* (ours: queued anew) */
             order_push(self, b, 0);
         int t = hkv_hybrid_tier_of(b);
         if (t == FRESH) {
