@@ -2,7 +2,8 @@
 premium only where prompts branch (`docs/eviction.md`).
 
 Each policy is `hybrid`'s Python reference (`HybridTiers`) with one change;
-`hybrid_py` is `hybrid` itself:
+`hybrid_py` is `hybrid` as it was then (LRU order by release clocks,
+`ReleaseClockOrder`, as before the eighth round):
 
 - `lru_history`, `lru_history_hits`, `lru_history_returns`: the LRU queue the votes
   ask about follows LRU's own history where the two orders part. A hit on a block

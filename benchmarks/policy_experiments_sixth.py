@@ -1,7 +1,8 @@
 """Sixth-round candidate rules: variants of the LRU votes with exact LRU positions.
 
 Each policy is `hybrid`'s Python reference (`HybridTiers`, the same decisions as
-the C tiers) with one change; `votes_reference` is `hybrid` itself:
+the C tiers) with one change; `votes_reference` is `hybrid` itself, with LRU order
+by release clocks as before the eighth round (`ReleaseClockOrder`):
 
     python benchmarks/bench_policy_grid.py --out DIR \\
         --plugin benchmarks/policy_experiments_sixth.py \\
