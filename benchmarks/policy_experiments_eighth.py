@@ -7,7 +7,8 @@ so releases between two takes tied and the never-hit block won every tie; and
 the bottom of the never-hit stack is the oldest release's first block (its head),
 where LRU takes a release's last block first (its tail, so the prefix before it
 stays usable). Each policy here is `hybrid`'s Python reference (`HybridTiers`)
-with one change:
+as it was before this round (`ReleaseClockOrder`) with one change; `hybrid` now
+runs `exact_order` (with kept blocks parked, which gives the same figures):
 
 - `exact_order`: cached free blocks are also kept in one list in the order LRU
   would have them (the order they were released in, a release tail first as
@@ -27,47 +28,53 @@ Results: docs/eviction-experiments.md, "Eighth round".
 
 from __future__ import annotations
 
+import os
+import sys
 from collections import OrderedDict
 
-from hybridkv.kv_cache.eviction import hybrid as H
-from hybridkv.kv_cache.eviction import register_eviction_policy
-from hybridkv.kv_cache.eviction.base import EvictionPolicy
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from policy_experiments import ReleaseClockOrder  # noqa: E402
+
+from hybridkv.kv_cache.eviction import hybrid as H  # noqa: E402
+from hybridkv.kv_cache.eviction import register_eviction_policy  # noqa: E402
+from hybridkv.kv_cache.eviction.base import EvictionPolicy  # noqa: E402
 
 ORDERED = (H.FRESH, H.HIT_ONCE, H.HIT_OFTEN)
 
 
 def exact_order(in_place: bool = True, wide: bool = False, always: bool = False):
-    class ExactOrder(H.HybridTiers, EvictionPolicy):
+    class ExactOrder(ReleaseClockOrder, H.HybridTiers, EvictionPolicy):
         uses_hints = True
 
         def __init__(self, blocks=()):
             super().__init__(blocks, (
                 H.AGE_EVERY, H.STALE_AGE, H.REUSE_DECAY, H.RETURN_GATE, H.RETURN_WEIGHT,
                 H.VOTE_WEIGHT, H.VOTE_BACK, H.GHOST_POOLS))
-            self._order: OrderedDict = OrderedDict()  # cached free blocks, LRU's order
+            self._lru_list: OrderedDict = OrderedDict()  # cached free blocks, LRU's order
 
         def add_free(self, blocks):
             blocks = list(blocks)
-            order = self._order
+            order = self._lru_list
             for block in blocks:
                 if block.block_hash is not None and not (in_place and block in order):
                     order[block] = None
             super().add_free(blocks)
 
         def remove_blocks(self, blocks):
-            order = self._order
+            order = self._lru_list
             for block in blocks:
                 if not (in_place and block.ref_cnt == 0):  # ref_cnt 0: queued again
                     order.pop(block, None)
             super().remove_blocks(blocks)
 
         def uncache(self, block):
-            self._order.pop(block, None)
+            self._lru_list.pop(block, None)
             super().uncache(block)
 
         def take(self, num_blocks):
             out = super().take(num_blocks)
-            order = self._order
+            order = self._lru_list
             for block in out:
                 order.pop(block, None)
             return out
@@ -91,7 +98,7 @@ def exact_order(in_place: bool = True, wide: bool = False, always: bool = False)
             return out
 
         def _take_ordered(self, out, num_blocks):
-            tiers, order = self._tiers, self._order
+            tiers, order = self._tiers, self._lru_list
             fresh = tiers[H.FRESH]
             skipped = []
             while num_blocks and (fresh or wide and (tiers[H.HIT_ONCE] or tiers[H.HIT_OFTEN])):
