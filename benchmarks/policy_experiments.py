@@ -43,17 +43,23 @@ class ReleaseClockOrder:
         return best_t
 
     def _take_lru(self, out, num_blocks):
-        tiers, fresh = self._tiers, self._tiers[FRESH]
-        while num_blocks and fresh:
-            best_t = self._oldest_tier()
-            block = tiers[best_t].popitem(last=False)[0]
-            if best_t == FRESH:
-                self._evicted_fresh([block])
-            else:
-                self._from_hit.add(block)
-            block.queue_slot = -1
-            out.append(block)
-            num_blocks -= 1
+        take_by_release_clock(self, out, num_blocks, self._from_hit)
+
+
+def take_by_release_clock(policy, out, num_blocks, from_hit):
+    """Least recently released first by the release clock, over the never-hit bottom
+    and both hit tiers (hit blocks taken are noted in `from_hit`)."""
+    tiers, fresh = policy._tiers, policy._tiers[FRESH]
+    while num_blocks and fresh:
+        best_t = policy._oldest_tier()
+        block = tiers[best_t].popitem(last=False)[0]
+        if best_t == FRESH:
+            policy._evicted_fresh([block])
+        else:
+            from_hit.add(block)
+        block.queue_slot = -1
+        out.append(block)
+        num_blocks -= 1
 
 
 class Reference(ReleaseClockOrder, HybridTiers, EvictionPolicy):
