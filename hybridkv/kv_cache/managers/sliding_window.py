@@ -32,7 +32,8 @@ class SlidingWindowManager(SingleTypeManager):
     spec: SlidingWindowSpec
     # prompts often end in a unique suffix (a question, a new turn) after the part
     # later prompts share: keep the windows of stops this close before the prompt end
-    tail_margin_tokens: ClassVar[int] = 256
+    # (measured on the policy grid: docs/eviction.md, "Why the tail margin")
+    tail_margin_tokens: ClassVar[int] = 192
 
     def __init__(self, spec: SlidingWindowSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:
