@@ -43,20 +43,27 @@ class ReleaseClockOrder:
         return best_t
 
     def _take_lru(self, out, num_blocks):
-        take_by_release_clock(self, out, num_blocks, self._from_hit)
+        take_by_release_clock(self, out, num_blocks, hits_into(self._from_hit))
 
 
-def take_by_release_clock(policy, out, num_blocks, from_hit):
+def hits_into(blocks):
+    """A `taken` callback for take_by_release_clock: hit blocks taken go into `blocks`."""
+    def taken(block, t):
+        if t != FRESH:
+            blocks.add(block)
+    return taken
+
+
+def take_by_release_clock(policy, out, num_blocks, taken):
     """Least recently released first by the release clock, over the never-hit bottom
-    and both hit tiers (hit blocks taken are noted in `from_hit`)."""
+    and both hit tiers; `taken(block, tier)` sees each block as it leaves its tier."""
     tiers, fresh = policy._tiers, policy._tiers[FRESH]
     while num_blocks and fresh:
         best_t = policy._oldest_tier()
         block = tiers[best_t].popitem(last=False)[0]
+        taken(block, best_t)
         if best_t == FRESH:
             policy._evicted_fresh([block])
-        else:
-            from_hit.add(block)
         block.queue_slot = -1
         out.append(block)
         num_blocks -= 1
@@ -157,18 +164,12 @@ def lru_while_dead(weight=1 / 64, gate=0.05):
         def _take_fresh(self, out, num_blocks):
             if self._hit_share >= gate:
                 return super()._take_fresh(out, num_blocks)
-            tiers, fresh = self._tiers, self._tiers[FRESH]
-            while num_blocks and fresh:
-                best_t = self._oldest_tier()
-                block = tiers[best_t].popitem(last=False)[0]
-                if best_t == FRESH:
-                    self._evicted_fresh([block])
-                else:
-                    self._hit_share *= 1 - weight
-                    self._watch_hit(block)
-                block.queue_slot = -1
-                out.append(block)
-                num_blocks -= 1
+            take_by_release_clock(self, out, num_blocks, self._taken)
+
+        def _taken(self, block, t):
+            if t != FRESH:
+                self._hit_share *= 1 - weight
+                self._watch_hit(block)
 
         def _hit_returned(self):
             self._hit_share += weight

@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from policy_experiments import Reference, take_by_release_clock  # noqa: E402
+from policy_experiments import Reference, hits_into, take_by_release_clock  # noqa: E402
 
 from hybridkv.kv_cache.eviction import register_eviction_policy  # noqa: E402
 from hybridkv.kv_cache.eviction.hybrid import (  # noqa: E402
@@ -131,7 +131,7 @@ def lru_vote(weight=1 / 64, margin=1.0, back=4.0, ghosts=8, gated=False, access=
             while len(out) < num_blocks:
                 t = next(i for i, tier in enumerate(tiers) if tier)
                 if t == FRESH:
-                    take_by_release_clock(self, out, 1, self._v_from_hit)
+                    take_by_release_clock(self, out, 1, hits_into(self._v_from_hit))
                     continue
                 block = tiers[t].popitem(last=t == 0)[0]  # the empty tier is a stack
                 block.queue_slot = -1
@@ -142,7 +142,8 @@ def lru_vote(weight=1 / 64, margin=1.0, back=4.0, ghosts=8, gated=False, access=
 
         def _take_fresh(self, out, num_blocks):
             if self._lru_order():
-                take_by_release_clock(self, out, num_blocks, self._v_from_hit)
+                take_by_release_clock(self, out, num_blocks,
+                                      hits_into(self._v_from_hit))
             else:
                 super()._take_fresh(out, num_blocks)
 

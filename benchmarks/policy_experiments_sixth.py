@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from policy_experiments import ReleaseClockOrder  # noqa: E402
+from policy_experiments import ReleaseClockOrder, take_by_release_clock  # noqa: E402
 
 from hybridkv.kv_cache.eviction import hybrid as H  # noqa: E402
 from hybridkv.kv_cache.eviction import register_eviction_policy  # noqa: E402
@@ -177,18 +177,12 @@ def votes(weight=None, back=None, hit_vote=1.0, warm_pools=0.0, per_event=False,
         def _take_lru(self, out, num_blocks):
             if not mark_lru_takes:
                 return super()._take_lru(out, num_blocks)
-            tiers, fresh = self._tiers, self._tiers[H.FRESH]
-            while num_blocks and fresh:
-                best_t = self._oldest_tier()
-                newest = len(fresh) == 1  # the tiers would take this one too
-                block = tiers[best_t].popitem(last=False)[0]
-                if best_t == H.FRESH:
-                    self._evicted_fresh([block])
-                if best_t != H.FRESH or not newest:
+            fresh = self._tiers[H.FRESH]
+
+            def taken(block, t):  # a never-hit block left alone: the tiers would take it too
+                if t != H.FRESH or fresh:
                     self._from_hit.add(block)
-                block.queue_slot = -1
-                out.append(block)
-                num_blocks -= 1
+            take_by_release_clock(self, out, num_blocks, taken)
 
         def _vote(self, lru, count):
             if self._evictions < warm_pools * self._watch_limit:
