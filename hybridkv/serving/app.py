@@ -1,10 +1,12 @@
 """The FastAPI application: routes, authentication, body limits, lifecycle.
 
-Routes: `GET /health`, `GET /metrics` (open), and behind `--api-key`
+Routes: `GET /health`, `GET /metrics`, `GET /version` (open), and behind `--api-key`
 (`Authorization: Bearer KEY`): `GET /v1/models`, `POST /v1/completions`,
 `POST /v1/chat/completions`, `POST /tokenize`, `GET /v1/kv_cache_layout`.
 Bodies are read here (at most `max_body_bytes`, else 413) and parsed
 strictly with the `protocol` models, so every error is an OpenAI error body.
+Large bodies are parsed on a worker thread, so the event loop keeps
+answering `/health` while megabytes are refused.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from hybridkv.serving.async_engine import AsyncEngine, EngineDead
-from hybridkv.serving.completions import CompletionService
+from hybridkv.serving.completions import CompletionService, TextWorkers
 from hybridkv.serving.errors import APIError, from_validation_error, install_error_handlers
 from hybridkv.serving.metrics import ServerMetrics
 from hybridkv.serving.options import DEFAULT_MAX_BODY_BYTES
@@ -30,6 +32,7 @@ from hybridkv.serving.prompts import PromptBuilder, not_found_model
 from hybridkv.serving.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 
 Body = TypeVar("Body", bound=BaseModel)
+PARSE_ON_LOOP_BYTES = 1 << 16  # larger bodies are parsed on a worker thread
 
 
 @dataclass
@@ -46,10 +49,13 @@ class ServerState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     publisher: Any = None  # EventPublisher or None
     created: int = 0
+    version: str = ""
 
 
-async def read_body(request: Request, model: type[Body], limit: int) -> Body:
-    """Parse the request body as `model`; 413 past `limit` bytes, 400 when invalid."""
+async def read_body(request: Request, model: type[Body], limit: int,
+                    workers: TextWorkers | None = None) -> Body:
+    """Parse the request body as `model`; 413 past `limit` bytes, 400 when invalid.
+    Bodies past PARSE_ON_LOOP_BYTES are parsed on `workers` when given."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
@@ -59,8 +65,11 @@ async def read_body(request: Request, model: type[Body], limit: int) -> Body:
         if size > limit:
             raise _too_large(size, limit)
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        return model.model_validate_json(b"".join(chunks))
+        if workers is not None and len(raw) > PARSE_ON_LOOP_BYTES:
+            return await workers.run(model.model_validate_json, raw)
+        return model.model_validate_json(raw)
     except ValidationError as err:
         raise from_validation_error(err) from None
 
@@ -80,6 +89,7 @@ def build_app(state: ServerState) -> FastAPI:
             state.publisher.start()
         yield
         await state.engine.stop()
+        state.service.workers.close()
         if state.publisher is not None:
             state.publisher.close()
 
@@ -119,11 +129,16 @@ def _open_routes(state: ServerState) -> APIRouter:
     async def health() -> Response:
         if state.engine.is_running:
             return Response(status_code=200)
-        return JSONResponse(APIError(503, "the engine is not running").body(), 503)
+        cause = f": {state.engine.error!r}" if state.engine.error is not None else ""
+        return JSONResponse(APIError(503, f"the engine is not running{cause}").body(), 503)
 
     @router.get("/metrics")
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": state.version}
 
     return router
 
@@ -132,6 +147,7 @@ def _api_routes(state: ServerState) -> APIRouter:
     router = APIRouter()
     limit = state.max_body_bytes
     auth = _auth(state.api_key)
+    workers = state.service.workers
 
     @router.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -148,25 +164,27 @@ def _api_routes(state: ServerState) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         auth(request)
-        body = await read_body(request, CompletionRequest, limit)
+        body = await read_body(request, CompletionRequest, limit, workers)
         return await state.service.completion(body, request)
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         auth(request)
-        body = await read_body(request, ChatCompletionRequest, limit)
+        body = await read_body(request, ChatCompletionRequest, limit, workers)
         return await state.service.chat(body, request)
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
         auth(request)
-        body = await read_body(request, TokenizeRequest, limit)
+        body = await read_body(request, TokenizeRequest, limit, workers)
         if body.model is not None and body.model != state.model_name:
             raise not_found_model(body.model, state.model_name)
         if body.messages is not None:
-            ids = state.prompts.chat_prompt(body.messages)
+            state.prompts.check_chat_chars(body.messages)
+            ids = await workers.run(state.prompts.chat_prompt, body.messages)
         else:
-            ids = state.prompts.completion_prompts(body.prompt)[0]
+            state.prompts.check_prompt_chars(body.prompt)
+            ids = (await workers.run(state.prompts.completion_prompts, body.prompt))[0]
         return {"tokens": ids, "count": len(ids), "max_model_len": state.prompts.max_model_len}
 
     return router

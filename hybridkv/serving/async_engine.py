@@ -8,7 +8,11 @@ runs model code and never touches the `LLM`; it only queues commands and
 reads deltas from per-request asyncio queues.
 
 A request whose reader goes away (client disconnected, handler cancelled) is
-aborted: the engine thread frees its blocks before the next step.
+aborted: the engine thread frees its blocks before the next step. A request
+that failed alone (`SeqState.error`) ends with an error delta (status 500)
+while the others go on. If the loop itself dies, every reader gets a 500
+naming the cause, `is_running` turns False at once and `on_death` is
+called on the event loop (the server then drains and exits non-zero).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class Delta:
     num_cached_tokens: int = 0
     error: str | None = None  # the request was refused (a ValueError message) or failed
     status: int = 400  # HTTP status of `error`: 400 refused, 500 engine failure
+    logprobs: list[Any] = field(default_factory=list)  # TokenLogprobs of `token_ids`
+    prompt_logprobs: list[Any] | None = None  # with the first delta that has tokens
 
 
 @dataclass
@@ -67,6 +73,7 @@ class _Live:
     sent: int = 0  # output tokens seen (metrics)
     delivered: int = 0  # output tokens handed to the reader
     last_token_time: float | None = None
+    sent_prompt_logprobs: bool = False
 
 
 class EngineDead(RuntimeError):
@@ -81,9 +88,11 @@ class AsyncEngine:
     """
 
     def __init__(self, llm: Any, *, metrics: Any = None,
-                 on_events: Callable[[list[BlockEvent]], None] | None = None) -> None:
+                 on_events: Callable[[list[BlockEvent]], None] | None = None,
+                 on_death: Callable[[BaseException], None] | None = None) -> None:
         self.llm = llm
         self.metrics = metrics
+        self.on_death = on_death
         self._on_events = on_events
         self._events: list[BlockEvent] = []
         if on_events is not None:
@@ -159,6 +168,13 @@ class AsyncEngine:
             self.error = err  # set before the queue is drained (see generate)
             logger.exception("engine loop failed: %s", err)
             self._fail_all(err)
+            self._report_death(err)
+
+    def _report_death(self, err: BaseException) -> None:
+        if self.on_death is None or self._loop is None or self._loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self.on_death, err)
 
     def _take_commands(self, block: bool) -> bool:
         """Apply queued commands (waiting for one if `block`); False to stop."""
@@ -192,12 +208,29 @@ class AsyncEngine:
                 seq = self.llm.add_request(prompt, r.params, request_id=r.request_id,
                                            arrival_time=r.arrival_time)
             except ValueError as err:
-                replies.append((results, Delta(index, [], error=str(err))))
+                replies.append((results, Delta(index, [], error=self._explain(err, r))))
+                continue
+            except Exception as err:  # noqa: BLE001 - this request alone fails
+                logger.exception("request %s failed on arrival", r.request_id)
+                replies.append((results, Delta(index, [], error=f"request failed: {err!r}",
+                                               status=500)))
                 continue
             self._live[r.request_id] = _Live(seq, index, results, r.stream)
             if r.stream:
                 replies.append((results, Delta(index, [],
                                                num_prompt_tokens=len(r.prompt_token_ids))))
+
+    def _explain(self, err: ValueError, r: EngineRequest) -> str:
+        """A refusal's message; one for a pool too small names the server flags."""
+        message = str(err)
+        if "than the whole pool" not in message:
+            return message
+        kv, scheduler = self.llm.kv, self.llm.scheduler
+        total = min(len(r.prompt_token_ids) + r.params.max_tokens, self.llm.runner.max_model_len)
+        needed = kv.coordinator.max_blocks_held(total, scheduler.max_num_batched_tokens)
+        head = message.split("; raise")[0]
+        return (f"{head}: it needs {needed} blocks of {kv.pool.num_blocks - 1} usable; start "
+                f"the server with a larger --num-blocks or --kv-cache-bytes")
 
     def _abort(self, request_ids: list[str], notify: bool = False
                ) -> list[tuple[asyncio.Queue, Delta]]:
@@ -230,16 +263,32 @@ class AsyncEngine:
             if not live.stream and seq.finish_reason is None:
                 live.sent = n  # counted; the tokens go out with the finish
                 continue
-            new = seq.request.all_token_ids[seq.request.num_prompt_tokens + live.delivered:]
-            live.sent = live.delivered = n
-            out.append((live.queue, Delta(live.index, new, seq.finish_reason, seq.stop_reason,
-                                          seq.request.num_prompt_tokens,
-                                          max(seq.num_cached_tokens, 0))))
+            out.append((live.queue, self._delta(live, n)))
             if seq.finish_reason is not None:
                 del self._live[rid]
                 if self.metrics is not None:
                     self.metrics.record_finish(seq.finish_reason, now - seq.arrival_time)
         return out
+
+    @staticmethod
+    def _delta(live: _Live, n: int) -> Delta:
+        """What `live` has produced since its last delta (its first `n` output tokens)."""
+        seq = live.seq
+        start = seq.request.num_prompt_tokens
+        new = seq.request.all_token_ids[start + live.delivered:start + n]
+        logprobs = list(getattr(seq, "logprobs", ())[live.delivered:n])
+        prompt_logprobs = None
+        if not live.sent_prompt_logprobs and n > 0:
+            prompt_logprobs = getattr(seq, "prompt_logprobs", None)
+            live.sent_prompt_logprobs = True
+        live.sent = live.delivered = n
+        error = getattr(seq, "error", None) if seq.finish_reason == "error" else None
+        if seq.finish_reason == "error":
+            error = f"request failed: {error or 'unknown error'}"
+        return Delta(live.index, new, seq.finish_reason, seq.stop_reason,
+                     seq.request.num_prompt_tokens, max(seq.num_cached_tokens, 0),
+                     error=error, status=500, logprobs=logprobs,
+                     prompt_logprobs=prompt_logprobs)
 
     def _record_tokens(self, live: _Live, num_new: int, now: float) -> None:
         if self.metrics is None or num_new == 0:

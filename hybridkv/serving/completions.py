@@ -6,6 +6,11 @@ until the engine has accepted every sequence (so refusals are a 400, not a
 broken stream), then either collects the tokens or streams them as
 server-sent events. A client that disconnects, streamed or not, has its
 sequences aborted.
+
+Tokenizing, chat templating, detokenizing and writing bodies run on a
+worker thread pool (`TextWorkers`), so the event loop only moves bytes; an
+error in that work fails the one request (500 naming the cause, or an error
+event in its stream).
 """
 
 from __future__ import annotations
@@ -13,20 +18,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
+import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from hybridkv.engine.sampling import SamplingParams
 from hybridkv.serving.async_engine import AsyncEngine, Delta, EngineRequest
-from hybridkv.serving.detokenizer import IncrementalText, final_text
+from hybridkv.serving.choices import Choice, ChunkWriter, Job, ResponseBuilder, apply, error_event
 from hybridkv.serving.errors import APIError, bad_request
 from hybridkv.serving.prompts import (
     CHAT_DEFAULT_MAX_TOKENS,
@@ -34,56 +39,41 @@ from hybridkv.serving.prompts import (
     PromptBuilder,
     not_found_model,
 )
-from hybridkv.serving.protocol import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionChoice,
-    CompletionRequest,
-    CompletionResponse,
-    DeltaMessage,
-    SamplingFields,
-    make_usage,
-)
+from hybridkv.serving.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+logger = logging.getLogger("hybridkv.serving")
+T = TypeVar("T")
 
 RETRY_AFTER_SECONDS = 1
+TEXT_WORKERS = 4  # threads for tokenizing / detokenizing
 
 
-@dataclass
-class _Choice:
-    """What one choice has produced so far."""
+class TextWorkers:
+    """A small thread pool for the text work of requests (`await run(fn, *args)`)."""
 
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    num_cached_tokens: int = 0
+    def __init__(self, num_threads: int = TEXT_WORKERS) -> None:
+        self.pool = ThreadPoolExecutor(num_threads, thread_name_prefix="hybridkv-text")
 
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-@dataclass
-class _Job:
-    """One HTTP request's sequences and how to report them."""
-
-    chat: bool
-    body: SamplingFields
-    prompts: list[list[int]]
-    requests: list[EngineRequest]
-    id: str
-    created: int = field(default_factory=lambda: int(time.time()))
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class CompletionService:
     """Answers completion and chat requests with `engine`."""
 
     def __init__(self, engine: AsyncEngine, prompts: PromptBuilder, model_name: str,
-                 max_live: int, metrics: Any = None) -> None:
+                 max_live: int, metrics: Any = None, workers: TextWorkers | None = None
+                 ) -> None:
         self.engine = engine
         self.prompts = prompts
         self.model_name = model_name
         self.max_live = max_live
         self.metrics = metrics
+        self.workers = workers or TextWorkers()
+        self.builder = ResponseBuilder(prompts.tokenizer, model_name)
         self._id_prefix = secrets.token_hex(6)  # ids unique across restarts, no syscall each
         self._ids = itertools.count()
 
@@ -92,23 +82,26 @@ class CompletionService:
     async def completion(self, body: CompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         self._check_model(body.model)
-        prompts = self.prompts.completion_prompts(body.prompt)
+        self.prompts.check_prompt_chars(body.prompt)
+        prompts = await self.workers.run(self.prompts.completion_prompts, body.prompt)
         limits = [self.prompts.max_tokens(body.max_tokens, len(p), prompt_param="prompt",
                                           limit_param="max_tokens",
                                           default=COMPLETION_DEFAULT_MAX_TOKENS)
                   for p in prompts]
-        job = self._job(False, body, prompts, limits, arrival, "cmpl")
+        texts = _prompt_texts(body.prompt, len(prompts))
+        job = self._job(False, body, prompts, texts, limits, arrival, "cmpl")
         return await self._run(job, request)
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         self._check_model(body.model)
-        prompt = self.prompts.chat_prompt(body.messages)
+        self.prompts.check_chat_chars(body.messages)
+        prompt = await self.workers.run(self.prompts.chat_prompt, body.messages)
         limit_param = "max_completion_tokens" if body.max_completion_tokens is not None \
             else "max_tokens"
         limit = self.prompts.max_tokens(body.output_limit, len(prompt), prompt_param="messages",
                                         limit_param=limit_param, default=CHAT_DEFAULT_MAX_TOKENS)
-        job = self._job(True, body, [prompt], [limit], arrival, "chatcmpl")
+        job = self._job(True, body, [prompt], [None], [limit], arrival, "chatcmpl")
         return await self._run(job, request)
 
     def _check_model(self, name: str | None) -> None:
@@ -116,25 +109,28 @@ class CompletionService:
             raise not_found_model(name, self.model_name)
 
     def _job(self, chat: bool, body: SamplingFields, prompts: list[list[int]],
-             limits: list[int], arrival: float, kind: str) -> _Job:
+             texts: list[str | None], limits: list[int], arrival: float, kind: str) -> Job:
         stop = self.prompts.check_stop(body.stop)
         if body.stop_token_ids:
             self.prompts.check_token_ids(body.stop_token_ids, "stop_token_ids")
+        bias = body.logit_bias_ids
+        if bias:
+            self.prompts.check_token_ids(list(bias), "logit_bias")
         if len(prompts) * body.n > self.max_live:
             raise bad_request(f"n: {len(prompts)} prompts x n={body.n} sequences are more than "
                               f"this server ever runs or queues at once ({self.max_live})", "n")
         job_id = f"{kind}-{self._id_prefix}{next(self._ids)}"
-        requests = []
+        job = Job(chat, body, prompts, texts, [], job_id)
         for i, (ids, limit) in enumerate(zip(prompts, limits)):
             for j in range(body.n):
-                params = _sampling_params(body, limit, stop, j)
-                requests.append(EngineRequest(f"{job_id}-{i}-{j}", ids, params,
-                                              body.cache_salt, arrival, body.stream))
-        return _Job(chat, body, prompts, requests, job_id)
+                params = sampling_params(body, limit, stop, j, job.num_logprobs, job.echo)
+                job.requests.append(EngineRequest(f"{job_id}-{i}-{j}", ids, params,
+                                                  body.cache_salt, arrival, body.stream))
+        return job
 
     # ---- running -------------------------------------------------------------
 
-    async def _run(self, job: _Job, request: Request) -> Response:
+    async def _run(self, job: Job, request: Request) -> Response:
         self._admit(len(job.requests))
         deltas = self.engine.generate(job.requests)
         if job.body.stream:
@@ -149,8 +145,8 @@ class CompletionService:
                                                                  job.chat))
         if choices is None:  # the client left; nobody reads this
             return Response(status_code=499)
-        return Response(self._response(job, choices).model_dump_json(),
-                        media_type="application/json")
+        body = await self.workers.run(self.builder.response_json, job, choices)
+        return Response(body, media_type="application/json")
 
     def _admit(self, num_sequences: int) -> None:
         if self.engine.num_live + num_sequences > self.max_live:
@@ -169,111 +165,73 @@ class CompletionService:
 
     @staticmethod
     async def _collect(deltas: AsyncGenerator[Delta, None], count: int,
-                       chat: bool) -> list[_Choice]:
-        choices = [_Choice() for _ in range(count)]
+                       chat: bool) -> list[Choice]:
+        choices = [Choice() for _ in range(count)]
         async with contextlib.aclosing(deltas):
             async for delta in deltas:
-                _apply(choices[delta.index], _check(delta, chat))
+                apply(choices[delta.index], _check(delta, chat))
         return choices
-
-    def _response(self, job: _Job, choices: list[_Choice]) -> Any:
-        tokenizer = self.prompts.tokenizer
-        usage = self._usage(job, choices)
-        want_ids = job.body.return_token_ids
-        if job.chat:
-            return ChatCompletionResponse(id=job.id, created=job.created, model=self.model_name,
-                                          usage=usage, choices=[
-                ChatChoice(index=i, message=AssistantMessage(
-                    content=final_text(tokenizer, c.token_ids, c.stop_reason)),
-                    finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                    token_ids=c.token_ids if want_ids else None,
-                    prompt_token_ids=job.prompts[0] if want_ids else None)
-                for i, c in enumerate(choices)])
-        n = job.body.n
-        return CompletionResponse(id=job.id, created=job.created, model=self.model_name,
-                                  usage=usage, choices=[
-            CompletionChoice(index=i, text=final_text(tokenizer, c.token_ids, c.stop_reason),
-                             finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                             token_ids=c.token_ids if want_ids else None,
-                             prompt_token_ids=job.prompts[i // n] if want_ids else None)
-            for i, c in enumerate(choices)])
-
-    @staticmethod
-    def _usage(job: _Job, choices: list[_Choice]) -> Any:
-        n = job.body.n
-        cached = sum(max(c.num_cached_tokens for c in choices[i * n:(i + 1) * n])
-                     for i in range(len(job.prompts)))
-        return make_usage(sum(map(len, job.prompts)), sum(len(c.token_ids) for c in choices),
-                          cached)
 
     # ---- streaming -----------------------------------------------------------
 
-    async def _stream(self, job: _Job, deltas: AsyncGenerator[Delta, None]
+    async def _stream(self, job: Job, deltas: AsyncGenerator[Delta, None]
                       ) -> AsyncIterator[str]:
-        choices = [_Choice() for _ in job.requests]
-        texts = [IncrementalText(self.prompts.tokenizer, job.requests[0].params.stop)
-                 for _ in job.requests] if self.prompts.tokenizer is not None else []
+        writer = ChunkWriter(self.builder, job)
         async with contextlib.aclosing(deltas):
-            if job.chat:
-                yield self._chat_chunk(job, [ChatChunkChoice(
-                    index=i, delta=DeltaMessage(role="assistant", content=""))
-                    for i in range(len(choices))])
             try:
+                first = writer.first()
+                if first:
+                    yield first
                 async for delta in deltas:
-                    _apply(choices[delta.index], _check(delta, job.chat))
-                    text = texts[delta.index].push(delta.token_ids,
-                                                   delta.finish_reason is not None,
-                                                   delta.stop_reason) if texts else ""
-                    if text or delta.finish_reason is not None or (
-                            delta.token_ids and (job.body.return_token_ids or not texts)):
-                        yield self._chunk(job, delta, text)
-            except APIError as err:  # the engine failed after the stream began
-                yield f"data: {json.dumps(err.body())}\n\n"
+                    event = await self.workers.run(writer.push, _check(delta, job.chat))
+                    if event:
+                        yield event
+                options = job.body.stream_options
+                if options is not None and options.include_usage:
+                    yield writer.usage()
+            except APIError as err:  # the request failed after the stream began
+                yield error_event(err.body())
                 return
-            options = job.body.stream_options
-            if options is not None and options.include_usage:
-                yield self._usage_chunk(job, choices)
+            except Exception as err:  # noqa: BLE001 - this stream alone fails
+                logger.exception("stream %s failed", job.id)
+                yield error_event(APIError(500, f"request failed: {err!r}").body())
+                return
             yield "data: [DONE]\n\n"
 
-    def _chunk(self, job: _Job, delta: Delta, text: str) -> str:
-        ids = delta.token_ids if job.body.return_token_ids else None
-        if job.chat:
-            return self._chat_chunk(job, [ChatChunkChoice(
-                index=delta.index, delta=DeltaMessage(content=text),
-                finish_reason=delta.finish_reason, stop_reason=delta.stop_reason,
-                token_ids=ids)])
-        body = CompletionResponse(id=job.id, created=job.created, model=self.model_name,
-                                  choices=[CompletionChoice(
-                                      index=delta.index, text=text,
-                                      finish_reason=delta.finish_reason,
-                                      stop_reason=delta.stop_reason, token_ids=ids)])
-        return f"data: {body.model_dump_json()}\n\n"
 
-    def _chat_chunk(self, job: _Job, choices: list[ChatChunkChoice]) -> str:
-        chunk = ChatCompletionChunk(id=job.id, created=job.created, model=self.model_name,
-                                    choices=choices)
-        return f"data: {chunk.model_dump_json()}\n\n"
-
-    def _usage_chunk(self, job: _Job, choices: list[_Choice]) -> str:
-        usage = self._usage(job, choices)
-        if job.chat:
-            body: Any = ChatCompletionChunk(id=job.id, created=job.created,
-                                            model=self.model_name, choices=[], usage=usage)
-        else:
-            body = CompletionResponse(id=job.id, created=job.created, model=self.model_name,
-                                      choices=[], usage=usage)
-        return f"data: {body.model_dump_json()}\n\n"
+def _prompt_texts(prompt: Any, count: int) -> list[str | None]:
+    """Each prompt's text as sent (None for a token-id prompt)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if count == 1 and not (prompt and isinstance(prompt[0], str | list)):
+        return [None]
+    return [p if isinstance(p, str) else None for p in prompt]
 
 
-def _sampling_params(body: SamplingFields, max_tokens: int, stop: tuple[str, ...],
-                     sample: int) -> SamplingParams:
-    """The engine's parameters of sample `sample` (seed + sample); 400 naming the field."""
+def sampling_params(body: SamplingFields, max_tokens: int, stop: tuple[str, ...], sample: int,
+                    num_logprobs: int | None = None, echo: bool = False) -> SamplingParams:
+    """The engine's parameters of sample `sample` (seed + sample); 400 naming the field.
+
+    vLLM's extras are passed only when they differ from the neutral value.
+    """
+    extras: dict[str, Any] = {}
+    for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0),
+                          ("frequency_penalty", 0.0), ("min_tokens", 0),
+                          ("skip_special_tokens", True)):
+        if getattr(body, name) != neutral:
+            extras[name] = getattr(body, name)
+    if body.logit_bias_ids:
+        extras["logit_bias"] = body.logit_bias_ids
+    if num_logprobs is not None:
+        extras["logprobs"] = num_logprobs
+        if echo:
+            extras["prompt_logprobs"] = num_logprobs
     try:
         return SamplingParams(
             max_tokens=max_tokens, temperature=body.temperature,
             seed=None if body.seed is None else body.seed + sample,
             ignore_eos=body.ignore_eos, top_p=body.top_p, top_k=body.top_k, stop=stop,
-            stop_token_ids=tuple(body.stop_token_ids or ()))
+            stop_token_ids=tuple(body.stop_token_ids or ()), **extras)
     except ValueError as err:
         found = re.search(r"SamplingParams\.(\w+)", str(err))
         raise bad_request(str(err), found.group(1) if found else None) from None
@@ -286,14 +244,6 @@ def _check(delta: Delta, chat: bool) -> Delta:
     if delta.status == 400:
         raise bad_request(delta.error, "messages" if chat else "prompt")
     raise APIError(delta.status, delta.error, code="engine_error")
-
-
-def _apply(choice: _Choice, delta: Delta) -> None:
-    choice.token_ids.extend(delta.token_ids)
-    if delta.finish_reason is not None:
-        choice.finish_reason = delta.finish_reason
-        choice.stop_reason = delta.stop_reason
-        choice.num_cached_tokens = delta.num_cached_tokens
 
 
 async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:

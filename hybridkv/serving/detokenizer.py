@@ -1,7 +1,8 @@
 """Output text of one choice, built as tokens arrive.
 
-The text is always `tokenizer.decode(all output ids, skip_special_tokens=True)`
-cut before the stop string that ended the request. While a request runs,
+The text is always `tokenizer.decode(all output ids, skip_special_tokens=...)`
+(the request's `skip_special_tokens`, true by default) cut before the stop
+string that ended the request. While a request runs,
 the pieces hold back an incomplete UTF-8 character (decoded as U+FFFD) and
 the last `len(longest stop string) - 1` characters, which a stop string may
 still claim (the engine stops as soon as one is complete), so for tokenizers
@@ -17,11 +18,12 @@ from typing import Any
 REPLACEMENT = "\ufffd"
 
 
-def final_text(tokenizer: Any, token_ids: Sequence[int], stop_reason: int | str | None) -> str:
+def final_text(tokenizer: Any, token_ids: Sequence[int], stop_reason: int | str | None,
+               skip_special_tokens: bool = True) -> str:
     """The text of a finished choice ("" without a tokenizer)."""
     if tokenizer is None:
         return ""
-    text = tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    text = tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
     if isinstance(stop_reason, str):
         cut = text.find(stop_reason)
         if cut >= 0:
@@ -32,8 +34,10 @@ def final_text(tokenizer: Any, token_ids: Sequence[int], stop_reason: int | str 
 class IncrementalText:
     """Turns token deltas of one choice into text deltas."""
 
-    def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (),
+                 skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.token_ids: list[int] = []
         self.sent = 0  # characters already returned
         self.hold = max((len(s) for s in stop), default=1) - 1
@@ -45,9 +49,11 @@ class IncrementalText:
         if self.tokenizer is None:
             return ""
         if finished:
-            text = final_text(self.tokenizer, self.token_ids, stop_reason)
+            text = final_text(self.tokenizer, self.token_ids, stop_reason,
+                              self.skip_special_tokens)
         else:
-            text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+            text = self.tokenizer.decode(self.token_ids,
+                                         skip_special_tokens=self.skip_special_tokens)
             text = text[:len(text) - self.hold] if self.hold else text
             text = text.rstrip(REPLACEMENT)
         if len(text) <= self.sent:

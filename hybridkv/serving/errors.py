@@ -9,6 +9,7 @@ and any unexpected exception, into that body.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -82,11 +83,16 @@ def from_validation_error(error: ValidationError | RequestValidationError) -> AP
         return bad_request("prompt must be a string, a list of token ids, or a list of "
                            "strings or of token-id lists", "prompt")
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if param is None:  # a check of the whole body names its field first
+        named = re.match(r"(\w+): ", message)
+        param = named.group(1) if named else None
     if first.get("type") == "missing":
         return bad_request(f"{param} is required", param)
     if first.get("type") == "extra_forbidden":
         return bad_request(f"{param} is not a known field", param)
-    return bad_request(f"{param}: {message}" if param else message, param)
+    if param is None or message.startswith(f"{param}: "):
+        return bad_request(message, param)
+    return bad_request(f"{param}: {message}", param)
 
 
 def install_error_handlers(app: FastAPI) -> None:

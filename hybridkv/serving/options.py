@@ -1,5 +1,11 @@
 """Command-line options of `hybridkv serve` (no heavy imports: the CLI builds
-its parser before knowing which command runs)."""
+its parser before knowing which command runs).
+
+vLLM's names for the common flags work as they do in `vllm serve`
+(`--max-model-len`, `--enable-prefix-caching` / `--no-enable-prefix-caching`,
+`--block-size`, `--max-num-seqs`, `--max-num-batched-tokens`,
+`--served-model-name`, `--seed`, `--api-key`, `--host`, `--port`).
+"""
 
 from __future__ import annotations
 
@@ -30,6 +36,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "requests get 429")
     server.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help="larger request bodies get 413")
+    server.add_argument("--max-prompt-chars", type=int, default=None,
+                        help="text prompts (or chat messages) with more characters get 400 "
+                             "before tokenizing (default: 32 per context token, at least "
+                             "65536)")
+    server.add_argument("--access-log", action="store_true",
+                        help="log one line per request: client, method, path, status, "
+                             "latency")
     server.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_SECONDS,
                         help="seconds SIGTERM waits for in-flight requests")
     server.add_argument("--log-level", default="info",
@@ -47,8 +60,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-num-batched-tokens", type=int, default=2048)
     engine.add_argument("--hash-algo", default="sha256", choices=["sha256", "xxhash"])
     engine.add_argument("--eviction-policy", default="hybrid")
-    engine.add_argument("--no-prefix-caching", action="store_true",
-                        help="turn prefix caching off")
+    engine.add_argument("--enable-prefix-caching", dest="enable_prefix_caching",
+                        action=argparse.BooleanOptionalAction, default=True,
+                        help="automatic prefix caching (on by default)")
+    engine.add_argument("--no-prefix-caching", dest="enable_prefix_caching",
+                        action="store_false", help="the same as --no-enable-prefix-caching")
+    engine.add_argument("--max-model-len", type=int, default=None,
+                        help="context length in tokens (prompt + output); at most the "
+                             "model's own (the default)")
     engine.add_argument("--seed", type=int, default=0,
                         help="preset weights and the default sampling seed")
     engine.add_argument("--threads", type=int, default=None, help="torch CPU threads")

@@ -6,6 +6,10 @@ Text goes through `tokenizer.encode`; chat messages through
 exactly as `LLM.chat` renders them. Without a tokenizer only
 token-id prompts work; text and chat are refused naming `prompt` /
 `messages`. Every problem is an `APIError` naming the field.
+
+Text longer than `max_prompt_chars` characters is refused before it is
+tokenized (`--max-prompt-chars`): tokenizing megabytes of text holds a core
+for seconds, and no such text fits the context anyway.
 """
 
 from __future__ import annotations
@@ -20,15 +24,48 @@ from hybridkv.serving.protocol import MAX_PROMPTS, ChatMessage
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 512  # cap on the remaining context when chat sets no limit
+CHARS_PER_TOKEN_LIMIT = 32  # default --max-prompt-chars: this many per context token
+MIN_PROMPT_CHARS = 1 << 16
+
+
+def default_max_prompt_chars(max_model_len: int) -> int:
+    """Characters of text a prompt may have by default (far more than fit the context)."""
+    return max(MIN_PROMPT_CHARS, CHARS_PER_TOKEN_LIMIT * max_model_len)
 
 
 class PromptBuilder:
     """Tokenizes and checks prompts for one model."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int,
+                 max_prompt_chars: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.max_prompt_chars = max_prompt_chars or default_max_prompt_chars(max_model_len)
+
+    # ---- size checks (cheap: before any tokenizing) --------------------------
+
+    def check_prompt_chars(self, prompt: Any) -> None:
+        """400 naming `prompt` when its text is longer than `max_prompt_chars`."""
+        texts = [prompt] if isinstance(prompt, str) else \
+            [p for p in prompt if isinstance(p, str)] if isinstance(prompt, list) else []
+        self._check_chars(sum(map(len, texts)), "prompt")
+
+    def check_chat_chars(self, messages: Sequence[ChatMessage]) -> None:
+        """400 naming `messages` when their text is longer than `max_prompt_chars`."""
+        total = 0
+        for m in messages:
+            if isinstance(m.content, str):
+                total += len(m.content)
+            elif m.content is not None:
+                total += sum(len(part.text) for part in m.content)
+        self._check_chars(total, "messages")
+
+    def _check_chars(self, num_chars: int, param: str) -> None:
+        if num_chars > self.max_prompt_chars:
+            raise bad_request(f"{param}: {num_chars} characters of text are more than this "
+                              f"server tokenizes ({self.max_prompt_chars}, set by "
+                              f"--max-prompt-chars)", param)
 
     # ---- inputs --------------------------------------------------------------
 
@@ -47,7 +84,12 @@ class PromptBuilder:
         if isinstance(prompt, str):
             if not prompt:
                 raise bad_request(f"{param} must not be empty", param)
-            return list(self._require_tokenizer(param).encode(prompt))
+            tokenizer = self._require_tokenizer(param)
+            try:
+                return list(tokenizer.encode(prompt))
+            except Exception as err:  # noqa: BLE001 - e.g. a lone surrogate
+                raise bad_request(f"{param}: the text cannot be tokenized: {err}", param) \
+                    from None
         return self.check_token_ids(prompt, param)
 
     def check_token_ids(self, ids: list[int], param: str) -> list[int]:
@@ -70,6 +112,9 @@ class PromptBuilder:
         except ValueError as err:
             found = re.search(r"messages\[\d+\](\.\w+)?", str(err))
             raise bad_request(str(err), found.group(0) if found else "messages") from None
+        except Exception as err:  # noqa: BLE001 - the chat template refused these messages
+            raise bad_request(f"messages: the chat template failed: {err}", "messages") \
+                from None
         if not ids:
             raise bad_request("messages render to an empty prompt", "messages")
         return ids

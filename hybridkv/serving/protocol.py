@@ -2,10 +2,13 @@
 
 Requests are parsed strictly: a wrong type is an error, not a coercion, and
 an unknown field is refused (OpenAI's own API does the same), so a typo never
-passes silently. Fields OpenAI defines that this server does not implement
-(`logprobs`, penalties, `echo`, ...) are accepted only at their neutral value.
-Extra fields as in vLLM: `cache_salt`, `top_k`, `stop_token_ids`,
-`ignore_eos`, `return_token_ids`.
+passes silently. OpenAI's sampling fields (`logprobs`, `top_logprobs`,
+`echo`, `presence_penalty`, `frequency_penalty`, `logit_bias`, ...) and
+vLLM's extras (`repetition_penalty`, `min_tokens`, `top_k`, `stop_token_ids`,
+`ignore_eos`, `skip_special_tokens`, `return_token_ids`, `cache_salt`) are
+honoured with vLLM's meaning. Fields this server cannot honour (`tools`,
+`response_format` other than text, `min_p` above 0, ...) are a 400 naming
+them (see `requests_unsupported`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pydantic import (
 
 MAX_N = 16  # choices per request
 MAX_PROMPTS = 64  # prompts in one completion request
+MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's and vLLM's default limit)
+MAX_LOGIT_BIAS = 100.0  # |bias| (OpenAI's range)
 
 
 class StreamOptions(BaseModel):
@@ -52,13 +57,25 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     return_token_ids: bool = False
     user: str | None = None
-    # OpenAI fields accepted only at their neutral value
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: Any = None
-    top_logprobs: Any = None
+    skip_special_tokens: bool = True
+    repetition_penalty: float = Field(default=1.0, gt=0)
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
+    min_tokens: int = Field(default=0, ge=0)
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
+    min_p: float = 0.0
+    # fields this server cannot honour: a 400 naming them unless absent or neutral
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
     @field_validator("temperature", "top_p", mode="before")
     @classmethod
@@ -82,13 +99,64 @@ class SamplingFields(BaseModel):
             raise ValueError("token ids must be >= 0")
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
-                     "logit_bias")
+    @field_validator("repetition_penalty", "presence_penalty", "frequency_penalty",
+                     "min_p", mode="before")
     @classmethod
-    def _neutral(cls, value: Any) -> Any:
-        if value not in (None, 0, False, {}):
-            raise ValueError("is not supported by this server (only its neutral value)")
+    def _finite_number(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)  # JSON `1` for a float field
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError("must be a finite number")
         return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.lstrip("-").isdigit() or int(key) < 0:
+                raise ValueError(f"key {key!r} is not a token id (a string of digits)")
+            if not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"bias {bias!r} of token {key} is outside "
+                                 f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        return value
+
+    @field_validator("min_p")
+    @classmethod
+    def _min_p(cls, value: float) -> float:
+        if value != 0:
+            raise ValueError("is not supported by this server (only 0)")
+        return value
+
+    @field_validator("tools", "tool_choice", "functions", "function_call", "guided_json",
+                     "guided_regex", "guided_choice", "guided_grammar")
+    @classmethod
+    def _unsupported(cls, value: Any) -> Any:
+        if value not in (None, [], "none"):
+            raise ValueError("is not supported by this server (no tool calling or guided "
+                             "decoding)")
+        return value
+
+    @field_validator("parallel_tool_calls")
+    @classmethod
+    def _parallel_tool_calls(cls, value: Any) -> Any:
+        if value not in (None, True, False):
+            raise ValueError("must be a bool")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, value: Any) -> Any:
+        if value is not None and value != {"type": "text"}:
+            raise ValueError("only {'type': 'text'} is supported by this server (no JSON "
+                             "mode or schema-guided decoding)")
+        return value
+
+    @property
+    def logit_bias_ids(self) -> dict[int, float] | None:
+        """`logit_bias` with int keys (OpenAI sends them as strings)."""
+        if not self.logit_bias:
+            return None
+        return {int(k): v for k, v in self.logit_bias.items()}
 
     @field_validator("best_of")
     @classmethod
@@ -102,11 +170,21 @@ PromptInput = str | list[int] | list[str] | list[list[int]]
 
 
 class CompletionRequest(SamplingFields):
-    """POST /v1/completions: `prompt` is a string, token ids, or a list of either."""
+    """POST /v1/completions: `prompt` is a string, token ids, or a list of either.
+
+    `logprobs` k: each output token's log-probability and the k most likely
+    alternatives; `echo`: the prompt (and with `logprobs`, its
+    log-probabilities) before the output.
+    """
 
     prompt: PromptInput
-    echo: Literal[False] = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
     suffix: None = None
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(BaseModel):
@@ -118,7 +196,8 @@ class TextPart(BaseModel):
 
 class ChatMessage(BaseModel):
     """One chat turn. The role is checked where chat is rendered
-    (`hybridkv.engine.chat`: system, user, assistant); other keys are ignored."""
+    (`hybridkv.engine.chat`: system, user, assistant; `developer` is rendered
+    as `system`, as OpenAI's newer models name it); other keys are ignored."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -128,19 +207,35 @@ class ChatMessage(BaseModel):
 
     def to_template(self) -> dict[str, Any]:
         """The message as `hybridkv.engine.chat.render_chat` takes it."""
-        return self.model_dump(include={"role", "content"}, exclude_none=True)
+        message = self.model_dump(include={"role", "content"}, exclude_none=True)
+        if message["role"] == "developer":
+            message["role"] = "system"
+        return message
 
 
 class ChatCompletionRequest(SamplingFields):
-    """POST /v1/chat/completions."""
+    """POST /v1/chat/completions. `logprobs` true: each output token's
+    log-probability and its `top_logprobs` most likely alternatives."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs set to true")
+        return self
 
     @property
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class TokenizeRequest(BaseModel):
@@ -172,10 +267,36 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's completions shape: one entry per token (`None` for the first
+    prompt token, which has no log-probability)."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """OpenAI's chat shape: one entry per output token."""
+
+    content: list[TokenLogprob]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
@@ -199,7 +320,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
@@ -223,7 +344,7 @@ class DeltaMessage(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None

@@ -2,7 +2,9 @@
 
 SIGTERM or Ctrl-C: uvicorn stops accepting connections, waits for in-flight
 requests (at most `--drain-timeout` seconds), then the engine thread and the
-event publisher stop and the process exits 0.
+event publisher stop and the process exits 0. If the engine loop dies,
+`/health` answers 503 at once, the server drains the same way and the
+process exits 1, so a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ logger = logging.getLogger("hybridkv.serving")
 
 def _check_args(args: argparse.Namespace) -> None:
     for name in ("port", "max_queue", "max_body_bytes", "block_size", "max_num_seqs",
-                 "max_num_batched_tokens"):
+                 "max_num_batched_tokens", "max_model_len", "max_prompt_chars"):
         value = getattr(args, name)
+        if value is None:
+            continue
         if value < (0 if name in ("port", "max_queue") else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be >= "
                              f"{0 if name in ('port', 'max_queue') else 1}, got {value}")
@@ -50,7 +54,7 @@ def build_llm(args: argparse.Namespace) -> Any:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    llm = LLM(args.model, enable_prefix_caching=not args.no_prefix_caching,
+    llm = LLM(args.model, enable_prefix_caching=args.enable_prefix_caching,
                block_size=args.block_size, num_blocks=args.num_blocks,
                kv_cache_memory_bytes=_kv_cache_bytes(args.kv_cache_bytes),
                max_num_seqs=args.max_num_seqs,
@@ -70,11 +74,24 @@ def warm_up(llm: Any) -> None:
     llm.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))
 
 
+def max_model_len(llm: Any, requested: int | None) -> int:
+    """The served context length: `--max-model-len`, at most the model's own."""
+    own = llm.runner.max_model_len
+    if requested is None:
+        return int(own)
+    if requested > own:
+        raise ValueError(f"--max-model-len {requested} is more than the model's context "
+                         f"length ({own})")
+    return requested
+
+
 def build_state(llm: Any, *, model_name: str, instance_id: str, base_url: str,
                 api_key: str | None = None, events_url: str | None = None,
                 max_queue: int = DEFAULT_MAX_QUEUE,
-                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Any:
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                context_len: int | None = None, max_prompt_chars: int | None = None) -> Any:
     """Engine front, metrics, publisher and routes' state around `llm`."""
+    from hybridkv import __version__
     from hybridkv.serving.app import ServerState
     from hybridkv.serving.async_engine import AsyncEngine
     from hybridkv.serving.completions import CompletionService
@@ -91,12 +108,14 @@ def build_state(llm: Any, *, model_name: str, instance_id: str, base_url: str,
                                    on_published=lambda ok, lost: metrics.record_events(ok, lost))
     engine = AsyncEngine(llm, metrics=metrics,
                          on_events=publisher.publish if publisher is not None else None)
-    prompts = PromptBuilder(llm.tokenizer, llm.runner.vocab_size, llm.runner.max_model_len)
+    prompts = PromptBuilder(llm.tokenizer, llm.runner.vocab_size,
+                            context_len or llm.runner.max_model_len, max_prompt_chars)
     service = CompletionService(engine, prompts, model_name,
                                 max_live=llm.scheduler.max_num_seqs + max_queue, metrics=metrics)
     return ServerState(engine=engine, service=service, prompts=prompts, metrics=metrics,
                        model_name=model_name, layout=layout, api_key=api_key,
-                       max_body_bytes=max_body_bytes, publisher=publisher)
+                       max_body_bytes=max_body_bytes, publisher=publisher,
+                       version=__version__)
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -110,19 +129,40 @@ def run_server(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     llm = build_llm(args)
     model_name = args.served_model_name or args.model
+    context_len = max_model_len(llm, args.max_model_len)
     instance_id = args.instance_id or f"{args.host}:{args.port}"
     state = build_state(llm, model_name=model_name, instance_id=instance_id,
                         base_url=f"http://{args.host}:{args.port}", api_key=args.api_key,
                         events_url=args.events, max_queue=args.max_queue,
-                        max_body_bytes=args.max_body_bytes)
-    config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
+                        max_body_bytes=args.max_body_bytes, context_len=context_len,
+                        max_prompt_chars=args.max_prompt_chars)
+    from hybridkv.serving.summary import startup_summary
+
+    for line in startup_summary(llm, model_name, context_len, args.eviction_policy).split("\n"):
+        logger.info("%s", line)
+    app: Any = build_app(state)
+    if args.access_log:
+        from hybridkv.serving.access_log import AccessLog
+
+        app = AccessLog(app)
+    config = uvicorn.Config(app, host=args.host, port=args.port,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=args.drain_timeout)
     server = uvicorn.Server(config)
+    state.engine.on_death = lambda err: _stop_after_death(server, err)
     # uvicorn re-raises the signal that stopped it once it has drained; after a clean
     # drain the process should exit 0, so the handlers it restores do nothing
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()
+    if state.engine.error is not None:
+        logger.error("exiting after the engine failed: %r", state.engine.error)
+        return 1
     logger.info("stopped")
     return 0 if server.started else 1
+
+
+def _stop_after_death(server: Any, err: BaseException) -> None:
+    """The engine loop died: drain (every reader already has its 500) and exit."""
+    logger.error("the engine loop died (%r); draining and exiting", err)
+    server.should_exit = True
