@@ -214,6 +214,9 @@ def sampling_params(body: SamplingFields, max_tokens: int, stop: tuple[str, ...]
 
     vLLM's extras are passed only when they differ from the neutral value.
     """
+    if body.min_tokens > max_tokens:
+        raise bad_request(f"min_tokens ({body.min_tokens}) must be at most the output limit "
+                          f"({max_tokens})", "min_tokens")
     extras: dict[str, Any] = {}
     for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0),
                           ("frequency_penalty", 0.0), ("min_tokens", 0),
