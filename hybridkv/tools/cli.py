@@ -223,6 +223,9 @@ def _add_serve(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hybridkv` console script; returns the exit code."""
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+        print(version_text())  # before the parser: some commands' options import torch
+        raise SystemExit(0)
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
