@@ -75,7 +75,7 @@ def environment(device: str) -> dict[str, Any]:
         "flash_attn": importlib.util.find_spec("flash_attn") is not None,
         "mamba_ssm": importlib.util.find_spec("mamba_ssm") is not None,
         "causal_conv1d": importlib.util.find_spec("causal_conv1d") is not None,
-        "kv_cache_fastpath": getattr(fastpath, "AVAILABLE", None),
+        "kv_cache_fastpath": fastpath.fastpath_backend().c_extension,
     }
     if torch.device(device).type == "cuda":
         props = torch.cuda.get_device_properties(torch.device(device))
