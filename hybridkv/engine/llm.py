@@ -231,7 +231,12 @@ class LLM:
         out = RequestOutput(req.request_id, req.prompt_token_ids, req.output_token_ids,
                             max(seq.num_cached_tokens, 0), seq.finish_reason,
                             stop_reason=seq.stop_reason,
-                            num_external_cached_tokens=seq.num_external_cached_tokens)
+                            num_external_cached_tokens=seq.num_external_cached_tokens,
+                            error=seq.error)
+        if seq.params.logprobs is not None:
+            out.logprobs = list(seq.logprobs)
+        if seq.prompt_logprobs is not None:
+            out.prompt_logprobs = list(seq.prompt_logprobs)
         if seq.first_token_time is not None and seq.finished_time is not None:
             out.metrics = RequestMetrics(seq.arrival_time, seq.first_token_time,
                                          seq.finished_time)

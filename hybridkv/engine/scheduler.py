@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hybridkv.engine.sampling import SamplingParams
+from hybridkv.engine.sampling import SamplingParams, TokenLogprobs
 from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
@@ -31,8 +31,14 @@ class SeqState:
     index: int  # position in the generate() call
     num_cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
     num_external_cached_tokens: int = 0  # of those, reused because a KV store held them
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    error: str | None = None  # what failed while handling this request alone
+    # one per sampled output token when params.logprobs is not None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # one per prompt token (the first None) when params.prompt_logprobs is not None;
+    # complete by the time the first output token is sampled
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_preemptions: int = 0
     # time.perf_counter() at the generate() call, the first sampled token, the finish
     arrival_time: float = 0.0
