@@ -105,8 +105,7 @@ class LLM:
         if poison_kv_cache:
             self.kv.on_stale_blocks(self._poison_blocks)
         self.sampler = Sampler(seed)
-        self.outputs = OutputProcessor(self.sampler, self.tokenizer, self.runner.eos_token_ids,
-                                       self.runner.max_model_len)
+        self.outputs = OutputProcessor(self.sampler, self.tokenizer, self.runner)
         self._counter = 0
 
     def _kv_cache_config(self, block_size: int, num_blocks: int | None,
@@ -219,7 +218,6 @@ class LLM:
     def _fail(self, seq: SeqState, stage: str, error: Exception) -> int:
         """End `seq` alone with finish_reason "error"; return 1."""
         self.scheduler.fail(seq, f"{stage} failed: {type(error).__name__}: {error}")
-        seq.finished_time = time.perf_counter()
         self.sampler.forget(seq.request_id)
         return 1
 

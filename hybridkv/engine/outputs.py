@@ -7,7 +7,6 @@ request alone when any of it raises.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,16 +28,14 @@ class OutputProcessor:
     Args:
         sampler: the engine's sampler (one generator per request).
         tokenizer: decodes output for stop strings and `text` (None: no text).
-        eos_token_ids: the model's end-of-sequence ids.
-        max_model_len: the model's context; a request reaching it stops.
+        runner: the model runner (its `eos_token_ids` and `max_model_len`, the
+            context a request stops at, are read at each use).
     """
 
-    def __init__(self, sampler: Sampler, tokenizer: Any, eos_token_ids: Sequence[int],
-                 max_model_len: int) -> None:
+    def __init__(self, sampler: Sampler, tokenizer: Any, runner: Any) -> None:
         self.sampler = sampler
         self.tokenizer = tokenizer
-        self.eos_token_ids = tuple(eos_token_ids)
-        self.max_model_len = max_model_len
+        self.runner = runner
 
     def next_token(self, seq: SeqState, logits: torch.Tensor) -> int:
         """Sample from the row `logits` [vocab] (with the request's extras) and
@@ -46,7 +43,7 @@ class OutputProcessor:
         params, req = seq.params, seq.request
         processed = logits
         if params.has_logits_processing:
-            stop_ids = {*self.eos_token_ids, *params.stop_token_ids}
+            stop_ids = {*self.runner.eos_token_ids, *params.stop_token_ids}
             processed = process_logits(logits, params, req.prompt_token_ids,
                                        req.output_token_ids, stop_ids)
         token = self.sampler.sample(processed, seq.request_id, params, seq.index)
@@ -61,7 +58,7 @@ class OutputProcessor:
     def stop_reason(self, seq: SeqState, token: int) -> str | None:
         params = seq.params
         if seq.num_output_tokens >= params.min_tokens:  # nothing stops it before min_tokens
-            if not params.ignore_eos and token in self.eos_token_ids:
+            if not params.ignore_eos and token in self.runner.eos_token_ids:
                 return "stop"
             if token in params.stop_token_ids:
                 seq.stop_reason = token
@@ -73,7 +70,7 @@ class OutputProcessor:
                     return "stop"
         if seq.num_output_tokens >= params.max_tokens:
             return "length"
-        if seq.request.num_tokens >= self.max_model_len:
+        if seq.request.num_tokens >= self.runner.max_model_len:
             return "length"
         return None
 

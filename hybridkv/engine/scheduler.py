@@ -9,6 +9,7 @@ blocks usually make that cheap). The manager decides what is reused.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -202,6 +203,7 @@ class Scheduler:
         """End a waiting or running request with finish_reason "error" and
         `seq.error = message`, freeing what it holds; the others go on."""
         seq.error = message
+        seq.finished_time = time.perf_counter()
         self.stats.failed += 1
         self._drop(seq, "error")
 
