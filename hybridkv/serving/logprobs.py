@@ -6,8 +6,9 @@ rank, top)` with `top` the k most likely tokens, most likely first. Here:
 - completions (`logprobs: k`): `{"tokens": [...], "token_logprobs": [...],
   "top_logprobs": [{text: logprob}, ...], "text_offset": [...]}`, where each
   `top_logprobs` entry holds the k alternatives plus the sampled token (as
-  vLLM does), and `text_offset` is where each token's text starts in the
-  choice's text (after the echoed prompt, when `echo`);
+  vLLM does; tokens with the same text share the key of the likeliest), and
+  `text_offset` is where each token's text starts in the choice's text
+  (after the echoed prompt, when `echo`);
 - chat (`logprobs: true, top_logprobs: k`): `{"content": [{"token",
   "logprob", "bytes", "top_logprobs": [k x {"token", "logprob", "bytes"}]}]}`.
 
@@ -64,7 +65,9 @@ def completion_logprobs(tokenizer: Any, token_ids: Sequence[int], entries: Seque
             out.top_logprobs.append(None)
             continue
         out.token_logprobs.append(finite(entry.logprob))
-        top = {token_text(tokenizer, t): finite(lp) for t, lp in entry.top[:num_top]}
+        top: dict[str, float] = {}
+        for t, lp in entry.top[:num_top]:  # most likely first: it keeps a shared text
+            top.setdefault(token_text(tokenizer, t), finite(lp))
         top.setdefault(text, finite(entry.logprob))
         out.top_logprobs.append(top)
     return out
