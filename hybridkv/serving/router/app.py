@@ -14,7 +14,14 @@ A backend that cannot be reached, or answers 502/503/504, before the
 response has started is taken out of rotation and the request is sent to
 another one; a non-streamed request is also retried when its backend fails
 while computing it (nothing has reached the client yet). Only a stream that
-already sent data ends with an error event when its backend dies.
+already sent data ends with an error event when its backend dies (counted
+as failed in /metrics).
+
+Input the backends would refuse is refused the same way here: a body whose
+text cannot be encoded (a lone surrogate) is a 400 naming `body`, a model no
+backend serves is a 404 naming `model`, and unknown paths and methods get
+OpenAI error bodies. `--backend-api-key` is sent to the backends in place of
+the client's own Authorization header.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,6 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from hybridkv.serving.errors import install_error_handlers
 from hybridkv.serving.router.backends import Backends
 from hybridkv.serving.router.event_stream import EventStreams
 from hybridkv.serving.router.metrics import RouterMetrics
@@ -40,6 +49,18 @@ from hybridkv.serving.router.store_view import StoreView
 logger = logging.getLogger("hybridkv.router")
 RETRY_STATUSES = (502, 503, 504)
 HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def unencodable(raw: bytes, body: Any) -> str | None:
+    """Why `body` (parsed from `raw`) cannot be sent on as UTF-8 JSON, or None."""
+    if not SURROGATE_ESCAPE.search(raw):
+        return None
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"request body is not valid JSON: {err.reason} in its text"
+    return None
 
 
 def error(status: int, message: str, param: str | None = None, code: str | None = None):
@@ -57,10 +78,13 @@ class RouterApp:
 
     def __init__(self, router: Router, backend_urls: list[str], events_url: str | None, *,
                  check_interval: float = 1.0, request_timeout: float = 600.0,
-                 kv_store_url: str | None = None) -> None:
+                 kv_store_url: str | None = None, backend_api_key: str | None = None) -> None:
         self.router = router
+        self.auth = {} if backend_api_key is None else \
+            {"Authorization": f"Bearer {backend_api_key}"}
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=2.0),
-                                        limits=httpx.Limits(max_connections=1000))
+                                        limits=httpx.Limits(max_connections=1000),
+                                        headers=self.auth)
         self.metrics = RouterMetrics(router)
         self.streams = EventStreams(events_url, router) if events_url else None
         self.store = StoreView(kv_store_url, router) if kv_store_url else None
@@ -117,7 +141,10 @@ class RouterApp:
             return error(400, "the request body is not JSON", "body")
         if not isinstance(body, dict):
             return error(400, "the request body must be a JSON object", "body")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        problem = unencodable(raw, body)
+        if problem is not None:
+            return error(400, problem, "body")
+        headers = self.backend_headers(request)
         tokens = await self.prompt_tokens(path, body, headers)
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
         prompt = PromptHashes(tokens, salt) if tokens else None
@@ -127,7 +154,9 @@ class RouterApp:
             try:
                 decision = self._route(tokens, salt, body.get("model"), tried, prompt, stored)
             except NoBackendError as err:
-                return error(503, str(err), code="no_backend")
+                unknown = self._unknown_model(body.get("model"))
+                return unknown if unknown is not None else \
+                    error(503, str(err), code="no_backend")
             tried.add(decision.instance_id)
             try:
                 return await self._send(decision, path, raw, headers, bool(body.get("stream")))
@@ -136,6 +165,20 @@ class RouterApp:
                 self.metrics.retries.inc()
                 self.backends.mark_down(self.backends.by_instance(decision.instance_id),
                                         str(err))
+
+    def backend_headers(self, request: Request) -> dict[str, str]:
+        """The client's headers to send on (with `--backend-api-key`, its own key)."""
+        drop = HOP_HEADERS | ({"authorization"} if self.auth else set())
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in drop}
+        return {**headers, **self.auth}
+
+    def _unknown_model(self, model: object) -> Response | None:
+        """The backends' 404 when no backend, healthy or not, serves `model`."""
+        served = {b.model for b in self.backends.by_url.values() if b.model is not None}
+        if not isinstance(model, str) or not served or model in served:
+            return None
+        return error(404, f"the model {model!r} does not exist; the backends serve "
+                          f"{', '.join(map(repr, sorted(served)))}", "model", "model_not_found")
 
     def _route(self, tokens: list[int], salt: str | None, model: object, tried: set[str],
                prompt: PromptHashes | None, stored) -> Decision:
@@ -176,6 +219,7 @@ class RouterApp:
         return Response(content, status_code=reply.status_code, headers=out_headers)
 
     async def _relay(self, decision: Decision, reply: httpx.Response) -> AsyncIterator[bytes]:
+        failed = False
         try:
             async for chunk in reply.aiter_raw():
                 self.router.first_token(decision)
@@ -183,6 +227,7 @@ class RouterApp:
         except httpx.HTTPError as err:
             logger.warning("backend %s failed mid-stream: %s", decision.instance_id, err)
             self.backends.mark_down(self.backends.by_instance(decision.instance_id), str(err))
+            failed = True
             message = {"error": {"message": f"backend {decision.instance_id} failed "
                                  "mid-stream", "type": "service_unavailable", "param": None,
                                  "code": "backend_failed"}}
@@ -190,7 +235,10 @@ class RouterApp:
         finally:
             await reply.aclose()
             self.router.finished(decision)
-            self.metrics.answered(decision, reply.status_code)
+            if failed:
+                self.metrics.stream_failed(decision)
+            else:
+                self.metrics.answered(decision, reply.status_code)
 
 
 def build_app(state: RouterApp) -> FastAPI:
@@ -208,6 +256,7 @@ def build_app(state: RouterApp) -> FastAPI:
 
     app = FastAPI(title="hybridkv router", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
+    install_error_handlers(app)
 
     @app.get("/health")
     async def health() -> Response:
@@ -238,8 +287,11 @@ def build_app(state: RouterApp) -> FastAPI:
             return error(400, "the request body is not JSON", "body")
         if not isinstance(body, dict):
             return error(400, "the request body must be a JSON object", "body")
+        problem = unencodable(await request.body(), body)
+        if problem is not None:
+            return error(400, problem, "body")
         path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        headers = state.backend_headers(request)
         tokens = await state.prompt_tokens(path, body, headers)
         if not tokens:
             return error(400, "the prompt could not be turned into token ids", "prompt")

@@ -7,7 +7,9 @@ leaves rotation at once; it returns when a check passes again. Its layout
 was down (a restarted backend may come back with another instance id); the
 instance id there names its event stream. From /metrics the router reads
 `vllm:num_requests_waiting` and `vllm:num_requests_running` (its own count of
-requests in flight is kept by `Router`).
+requests in flight is kept by `Router`). A backend that has never passed a
+check is logged at its first failure and again at the 10th, 100th, ...
+(`hybridkv_router_backend_up` / `_checks_failed` in the router's /metrics).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class BackendState:
     model: str | None = None
     healthy: bool = False
     checks_failed: int = 0
+    ever_healthy: bool = False
     layout: dict[str, Any] | None = None  # its last layout JSON
 
 
@@ -92,7 +95,7 @@ class Backends:
             self.router.update_load(backend.instance_id, waiting=waiting, running=running)
         if not backend.healthy:
             logger.info("backend %s (%s) is healthy", backend.url, backend.instance_id)
-        backend.healthy, backend.checks_failed = True, 0
+        backend.healthy, backend.checks_failed, backend.ever_healthy = True, 0, True
         self.router.set_healthy(backend.instance_id, True)  # type: ignore[arg-type]
 
     async def _read_layout(self, backend: BackendState) -> None:
@@ -115,6 +118,15 @@ class Backends:
         if backend.healthy:
             logger.warning("backend %s (%s) left rotation: %s", backend.url,
                            backend.instance_id, why)
+        elif not backend.ever_healthy and _is_power_of_ten(backend.checks_failed):
+            logger.warning("backend %s has not become healthy (%d checks failed): %s",
+                           backend.url, backend.checks_failed, why)
         backend.healthy = False
         if backend.instance_id is not None and backend.instance_id in self.router.backends:
             self.router.set_healthy(backend.instance_id, False)
+
+
+def _is_power_of_ten(n: int) -> bool:
+    while n % 10 == 0 and n > 1:
+        n //= 10
+    return n == 1

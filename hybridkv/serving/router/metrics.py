@@ -10,6 +10,11 @@
 |   | | KV store held (`--kv-store`) |
 | hybridkv_router_retries_total | counter | requests sent again after their backend failed |
 | hybridkv_router_backend_healthy | gauge | 1 in rotation, 0 out |
+| hybridkv_router_backend_up | gauge | 1 when the last health check of the URL passed (label |
+|   | | url: also for a backend that never became healthy) |
+| hybridkv_router_backend_checks_failed | gauge | health checks failed in a row, label url |
+| hybridkv_router_stream_failures_total | counter | streams whose backend failed mid-way |
+|   | | (also counted in requests_total with status "stream_failed") |
 | hybridkv_router_in_flight | gauge | requests this router has sent and not seen finish |
 | hybridkv_router_pending_tokens | gauge | their prompt tokens not yet computed (estimate) |
 | hybridkv_router_backend_waiting / _running | gauge | the backend's own queue and batch (polled) |
@@ -61,6 +66,13 @@ class RouterMetrics:
                                "Requests sent again after their backend failed.", registry=r)
         self.healthy = Gauge("hybridkv_router_backend_healthy", "1 in rotation, 0 out.",
                              ("backend",), registry=r)
+        self.up = Gauge("hybridkv_router_backend_up", "1 when the last health check passed.",
+                        ("url",), registry=r)
+        self.checks_failed = Gauge("hybridkv_router_backend_checks_failed",
+                                   "Health checks failed in a row.", ("url",), registry=r)
+        self.stream_failures = Counter("hybridkv_router_stream_failures",
+                                       "Streams whose backend failed mid-way.", ("backend",),
+                                       registry=r)
         self.in_flight = Gauge("hybridkv_router_in_flight", "Requests in flight.",
                                ("backend",), registry=r)
         self.pending = Gauge("hybridkv_router_pending_tokens",
@@ -79,8 +91,12 @@ class RouterMetrics:
         self.cached.labels(decision.instance_id).inc(decision.cached_tokens)
         self.from_store.labels(decision.instance_id).inc(decision.store_tokens)
 
-    def answered(self, decision: Decision, status: int) -> None:
+    def answered(self, decision: Decision, status: int | str) -> None:
         self.requests.labels(decision.instance_id, str(status)).inc()
+
+    def stream_failed(self, decision: Decision) -> None:
+        self.stream_failures.labels(decision.instance_id).inc()
+        self.answered(decision, "stream_failed")
 
     def render(self) -> bytes:
         for instance_id, backend in self.router.backends.items():
@@ -91,6 +107,9 @@ class RouterMetrics:
             self.waiting.labels(instance_id).set(load.waiting)
             self.running.labels(instance_id).set(load.running)
             self.blocks.labels(instance_id).set(backend.index.num_cached_blocks(instance_id))
+        for state in getattr(self.backends, "by_url", {}).values():
+            self.up.labels(state.url).set(int(state.healthy))
+            self.checks_failed.labels(state.url).set(state.checks_failed)
         if self.store is not None:  # the view counts; the counters catch up
             queries, errors = self.store.num_queries, self.store.num_errors
             self.store_queries.inc(queries - self._store_counts[0])

@@ -23,6 +23,9 @@ def add_route_arguments(p: argparse.ArgumentParser) -> None:
                    help="the shared Redis KV store of the backends (the URL they were "
                         "started with, redis://host:port/db): hybrid-prefix also counts the "
                         "prefixes they can load from it")
+    p.add_argument("--backend-api-key", default=None, metavar="KEY",
+                   help="send 'Authorization: Bearer KEY' to the backends (those started "
+                        "with --api-key)")
     p.add_argument("--check-interval", type=float, default=1.0,
                    help="seconds between health checks of each backend")
     p.add_argument("--log-level", default="info",
@@ -58,7 +61,8 @@ def run_router(args: argparse.Namespace) -> int:
     # httpx logs every request at INFO: the health checks alone would flood the log
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     state = RouterApp(Router(args.policy, args.balance), args.backend, args.events,
-                      check_interval=args.check_interval, kv_store_url=args.kv_store)
+                      check_interval=args.check_interval, kv_store_url=args.kv_store,
+                      backend_api_key=args.backend_api_key)
     uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False)
     return 0
