@@ -3,10 +3,11 @@
 Example (gemma3-tiny, default pool)::
 
     model gemma3-tiny: 4 layers (sliding_window x3, full_attention x1)
-    KV cache groups: 0 sliding_window (3 layers, window 32), 1 full_attention (1 layer)
-    pool: 1024 blocks of 16 tokens, 64.0 MiB; one request of up to 4096 tokens fits
+    KV cache groups: 0 sliding_window (1 layer, window 32), 1 sliding_window (1 layer,
+      window 32), 2 sliding_window (1 layer, window 32), 3 full_attention (1 layer)
+    pool: 16384 blocks of 16 tokens, 64.0 MiB; one request of up to 255840 tokens fits
     max model length 4096; prefix caching on; eviction policy hybrid
-    fast paths: block hashing C extension; KV cache fast path C extension
+    fast paths: block hashing C extension (...); KV cache fast path C extension
 """
 
 from __future__ import annotations
