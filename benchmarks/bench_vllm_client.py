@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--max-concurrency", type=int, default=16)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--serve-args", default="--threads 1",
                         help="extra `hybridkv serve` flags, space-separated")
     args = parser.parse_args(argv)
@@ -122,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         server = start_server(args.preset, port, out / "server.log", args.serve_args.split())
         try:
             rows = [run_client(args, port, tokenizer, backend, dataset, out)
-                    for backend in BACKENDS for dataset in DATASETS]
+                    for backend in args.backends.split(",")
+                    for dataset in args.datasets.split(",")]
         finally:
             server.terminate()
             server.wait(60)

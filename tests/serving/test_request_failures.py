@@ -10,8 +10,10 @@ import httpx
 
 from hybridkv import SamplingParams
 from hybridkv.serving.app import ServerState, build_app
-from hybridkv.serving.async_engine import AsyncEngine, EngineRequest
-from hybridkv.serving.completions import TextWorkers
+from hybridkv.serving.async_engine import AsyncEngine, EngineDead, EngineRequest
+from hybridkv.serving.completions import CompletionService, TextWorkers
+from hybridkv.serving.prompts import PromptBuilder
+from hybridkv.serving.protocol import CompletionRequest
 
 
 @dataclass
@@ -103,13 +105,44 @@ def test_engine_death_turns_health_to_503_and_reports_it():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             assert (await client.get("/health")).status_code == 200
-            deltas = await _collect(engine, [EngineRequest("a", [1], SamplingParams())])
+            try:  # the reader gets a 500 delta, or EngineDead if the loop died first
+                deltas = await _collect(engine, [EngineRequest("a", [1], SamplingParams())])
+                failure = (deltas[-1].status, deltas[-1].error)
+            except EngineDead as err:
+                failure = (500, str(err))
             health = await client.get("/health")
         await asyncio.sleep(0.05)
-        return deltas, health, deaths
+        return failure, health, deaths
 
-    deltas, health, deaths = asyncio.run(run())
-    assert deltas[-1].status == 500 and "scripted engine fault" in deltas[-1].error
+    failure, health, deaths = asyncio.run(run())
+    assert failure[0] == 500 and "scripted engine fault" in failure[1]
     assert health.status_code == 503
     assert "scripted engine fault" in health.json()["error"]["message"]
     assert len(deaths) == 1 and isinstance(deaths[0], RuntimeError)
+
+
+class _BrokenTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        raise RuntimeError("decode exploded")
+
+
+def test_a_detokenizer_failure_ends_that_stream_alone():
+    async def run():
+        engine = AsyncEngine(ScriptedLLM())
+        engine.start()
+        service = CompletionService(engine, PromptBuilder(_BrokenTokenizer(), 100, 64), "m",
+                                    max_live=8)
+        body = CompletionRequest(prompt=[1, 2], max_tokens=3, stream=True)
+        job = service._job(False, body, [[1, 2]], [None], [3], 0.0, "cmpl")
+        deltas = engine.generate(job.requests)
+        await service._accepted(deltas, 1, False)
+        events = [e async for e in service._stream(job, deltas)]
+        other = await _collect(engine, [EngineRequest("x", [1], SamplingParams(max_tokens=2),
+                                                      stream=False)])
+        await engine.stop()
+        service.workers.close()
+        return events, other
+
+    events, other = asyncio.run(run())
+    assert "decode exploded" in events[-1] and '"type": "server_error"' in events[-1]
+    assert other[-1].finish_reason == "length"  # the engine goes on
