@@ -43,7 +43,7 @@ import time
 from chat_sessions import run_chat
 from common import add_common_args, prepare_out, write_result
 from serve_checkpoints import CHECKPOINTS, HYBRIDKV_ONLY, bytes_per_block, write_checkpoint
-from serve_servers import HERE, Server, ServerConfig
+from serve_servers import HERE, Server, ServerConfig, start_server
 
 PRESSURE_BLOCKS_16 = 1920  # 180 MiB at the 270M shape: 96 KiB per block of 16 tokens
 NO_PRESSURE_BYTES = 1 << 30
@@ -74,6 +74,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--engines", default="hybridkv,vllm,vllm-eager")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--num-prompts", type=int, default=None,
+                    help="prompts per run (chat: sessions), instead of each workload's own")
     ap.add_argument("--threads", type=int, default=1,
                     help="compute threads of each server (vLLM's CPU worker binds one per "
                          "core and keeps one core for its scheduler: 1 on a 2-core machine)")
@@ -120,7 +122,7 @@ def bench_serve(server: Server, python: str, workload: str, args, log_dir: str,
     """Run the workload against `server`; bench serve's result dict plus hit rate."""
     q0, h0 = server.prefix_counters()
     extra, full, quick = WORKLOADS[workload]
-    num = quick if args.quick else full
+    num = args.num_prompts or (quick if args.quick else full)
     if workload == "chat":
         result = run_chat(server.url, server.config.checkpoint, num_sessions=num,
                           num_turns=2 if args.quick else 4)
@@ -164,15 +166,15 @@ def run_cell(checkpoint: str, name: str, workload: str, mode: str, args, python:
         texts = {}
         for config in order:
             tag = f"{name}.{workload}.{mode}.{config.engine}.r{r}"
-            server = Server(config, python, os.path.join(log_dir, f"{tag}.server.log"))
+            server = start_server(config, python, os.path.join(log_dir, f"{tag}.server.log"))
             try:
                 result = bench_serve(server, python, workload, args, log_dir, tag)
             finally:
                 server.stop()
             texts[config.engine] = result.pop("generated_texts", [])
             runs[config.engine].append({k: result.get(k) for k in METRICS})
-            runs[config.engine][-1]["block_size"] = config.block_size
-            runs[config.engine][-1]["num_blocks"] = config.num_blocks
+            runs[config.engine][-1]["block_size"] = server.config.block_size
+            runs[config.engine][-1]["num_blocks"] = server.config.num_blocks
             print(f"{tag}: {runs[config.engine][-1]}", flush=True)
         same_outputs.append(_same_outputs(texts))
     return {"runs": runs, "summary": summarize(runs), "same_outputs_as_hybridkv": same_outputs}

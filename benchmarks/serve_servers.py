@@ -16,10 +16,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+# (checkpoint, block size) -> bytes of one vLLM block, read from its start-up log
+_VLLM_BLOCK_BYTES: dict[tuple[str, int], int] = {}
 
 
 @dataclass(frozen=True)
@@ -116,3 +118,29 @@ def _counter(text: str, name: str) -> float:
     """Sum of the samples of counter `name` (`name_total` or `name`) in Prometheus text."""
     pattern = re.compile(rf"^{re.escape(name)}(?:_total)?(?:{{[^}}]*}})? ([0-9.eE+-]+)$", re.M)
     return sum(float(v) for v in pattern.findall(text))
+
+
+def start_server(config: ServerConfig, vllm_python: str, log_path: str) -> Server:
+    """A fresh server of `config`; for vLLM, with the block count that buys `kv_bytes`.
+
+    vLLM may pad pages or raise the block size of a hybrid model, so its bytes per block
+    are read from its own start-up log (the blocks its 1 GiB KV space buys, before the
+    override) the first time a (checkpoint, block size) starts; a server started with a
+    different count is stopped and started again with the right one.
+    """
+    key = (config.checkpoint, config.block_size)
+    if config.engine != "hybridkv" and key in _VLLM_BLOCK_BYTES:
+        config = replace(config, num_blocks=max(2, config.kv_bytes // _VLLM_BLOCK_BYTES[key]))
+    server = Server(config, vllm_python, log_path)
+    if config.engine == "hybridkv" or key in _VLLM_BLOCK_BYTES:
+        return server
+    with open(log_path) as f:
+        found = re.search(r"Overriding num_gpu_blocks=(\d+)", f.read())
+    if found is None:
+        return server
+    _VLLM_BLOCK_BYTES[key] = (1 << 30) // int(found.group(1))
+    right = max(2, config.kv_bytes // _VLLM_BLOCK_BYTES[key])
+    if right == config.num_blocks:
+        return server
+    server.stop()
+    return Server(replace(config, num_blocks=right), vllm_python, log_path)
