@@ -60,7 +60,7 @@ def server_command(config: ServerConfig, port: int, vllm_python: str) -> tuple[l
            "--block-size", str(config.block_size),
            "--num-gpu-blocks-override", str(config.num_blocks), "--enable-prefix-caching",
            "--max-num-seqs", str(config.max_num_seqs), "--max-model-len", "4096",
-           "--disable-log-stats", "--uvicorn-log-level", "warning"]
+           "--uvicorn-log-level", "warning"]
     if config.engine == "vllm-eager":
         cmd.append("--enforce-eager")
     return cmd, env
