@@ -88,6 +88,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--small-step-threads", default="1",
                     help="threads for decode-sized steps ('none': torch's setting, as before)")
+    ap.add_argument("--compare-attention", action="store_true",
+                    help="alternate decode steps between the fused decode attention and the "
+                         "tiled path it replaced, in one process; report both")
     ap.add_argument("--profile", choices=["cprofile", "torch"], default=None)
     add_common_args(ap)
     args = ap.parse_args()
@@ -103,6 +106,9 @@ def main() -> None:
     decode_step_times(llm, prompts(args.batch, args.prompt_len, vocab, 99), 8)  # warm up
     if args.profile:
         run_profile(llm, args, vocab)
+        return
+    if args.compare_attention:
+        compare_attention(llm, args, vocab, out)
         return
     runs = []
     for r in range(args.repeats):
@@ -120,6 +126,37 @@ def main() -> None:
     print(write_result(f"decode_{args.model}", result, out))
     print(f"median step {result['step_ms_median']:.2f} ms, "
           f"{result['tokens_per_s_median']:.1f} tokens/s")
+
+
+def compare_attention(llm: LLM, args, vocab: int, out: str) -> None:
+    """Even decode steps on the fused decode path, odd ones on the tiled path (same batch)."""
+    from hybridkv.kernels import attention
+
+    fused = attention.is_decode_batch
+    times: dict[str, list[float]] = {"fused": [], "tiled": []}
+    for r in range(args.repeats):
+        for p in prompts(args.batch, args.prompt_len, vocab, 100 + r):
+            llm.add_request(p, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True))
+        llm.step()  # the prefill
+        step = 0
+        while llm.has_unfinished_requests():
+            name = "fused" if step % 2 == 0 else "tiled"
+            attention.is_decode_batch = fused if name == "fused" else _never  # type: ignore
+            t0 = time.perf_counter()
+            llm.step()
+            times[name].append(time.perf_counter() - t0)
+            step += 1
+    attention.is_decode_batch = fused
+    result = {name: summary(t, args.batch) for name, t in times.items()}
+    result.update(model=args.model, batch=args.batch, prompt_len=args.prompt_len,
+                  threads=torch.get_num_threads(), load_average=os.getloadavg())
+    print(write_result(f"decode_attention_{args.model}", result, out))
+    for name in ("fused", "tiled"):
+        print(name, result[name])
+
+
+def _never(*args) -> bool:
+    return False
 
 
 def run_profile(llm: LLM, args, vocab: int) -> None:
