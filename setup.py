@@ -45,9 +45,9 @@ FASTPATH = Extension(
     sources=[os.path.join(_KV_CACHE, name) for name in (
         "_fp_module.c", "_fp_types.c", "_fp_request.c", "_fp_manager.c", "_fp_bind.c",
         "_fp_pool.c", "_fp_group.c", "_fp_release.c", "_fp_alloc.c", "_fp_lookup.c",
-        "_fp_hybrid.c", "_fp_hybrid_take.c", "_fp_watch.c", "_fp_lrupos.c")],
+        "_fp_hybrid.c")],
     depends=[os.path.join(_KV_CACHE, name) for name in (
-        "_fastpath.h", "_fp_hybrid.h", "_fp_watch.h", "_fp_lrupos.h", "_chainhash_api.h")],
+        "_fastpath.h", "_fp_hybrid.h", "_chainhash_api.h")],
     include_dirs=[_KV_CACHE],
     optional=True,
 )

@@ -32,19 +32,10 @@ typedef struct BlockObject {
     PyObject *queue_slot;
     PyObject *weakreflist;
     /* the C eviction policy's links (_fp_hybrid.c; not seen from Python): the
-     * policy queueing the block (NULL: none), its tier there, its neighbours in
-     * that tier and the policy's clock when it was released; its release mark in
-     * one LRU queue, number and base (the LRU votes, _fp_lrupos.h) */
+     * policy queueing the block (NULL: none), its queue there and its neighbours */
     void *q_owner;
     struct BlockObject *q_prev, *q_next;
-    Py_ssize_t q_released;
-    Py_ssize_t q_mark_number, q_mark_base;
     int q_tier;
-    /* its place in that policy's LRU order of cached free blocks (o_owner: the
-     * policy, NULL: none; o_parked: out of the order, passed over while kept) */
-    void *o_owner;
-    struct BlockObject *o_prev, *o_next;
-    int o_parked;
 } BlockObject;
 
 extern PyTypeObject HKV_BlockType;
@@ -165,7 +156,7 @@ typedef struct {
 
 extern PyTypeObject HKV_ManagerCoreType;
 
-/* ---- the hybrid eviction policy's tiers (_fp_hybrid.c) --------------------- */
+/* ---- the hybrid eviction policy's queues (_fp_hybrid.c) --------------------- */
 
 extern PyTypeObject HKV_HybridCoreType;
 
