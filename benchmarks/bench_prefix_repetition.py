@@ -29,6 +29,7 @@ import subprocess
 import warnings
 from typing import Any
 
+from bench_policy_grid import load_plugin
 from grid_shapes import prefix_repetition, with_concurrency
 from vllm_policies import manager_settings
 
@@ -120,6 +121,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--in-flight", default="1,2,4,8")
     ap.add_argument("--dtype", choices=DTYPES, default="float32")
     ap.add_argument("--vllm-python", default=None)
+    ap.add_argument("--plugin", default=None, help="a file registering extra policies")
     ap.add_argument("--out", default=None)
     ap.add_argument("--side-vllm", default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bs, seed, in_flight, nb = map(int, args.side_vllm.split(","))
         print("RESULT " + json.dumps(run_vllm(bs, seed, in_flight, nb)))
         return {}
+    if args.plugin:
+        load_plugin(args.plugin)
     policies = args.policies.split(",")
     rows = []
     for bs in ints(args.block_sizes):
