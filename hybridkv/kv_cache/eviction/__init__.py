@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from hybridkv.kv_cache.block_pool import Block
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRUPolicy, "hybrid": HybridPolicy}
-# the default: retention-aware tiers; it keeps far more reuse under memory pressure
-# (round-robin sessions, hybrid groups)
+# the default: LRU with the groups' ratings (empty and low-value blocks first, blocks
+# a running request protects last; docs/eviction.md)
 DEFAULT_EVICTION_POLICY = "hybrid"
 
 
