@@ -1,6 +1,8 @@
 """Eviction policies on a grid of pressure workloads, against a clairvoyant ideal.
 
-Every cell is a workload shape, a block size, a pool fraction and a config
+Every cell is a workload shape (the pressure workloads, and vLLM's
+`prefix_repetition` and `random` datasets from `grid_shapes.py`, those with
+1, 2, 4 and 8 requests in flight), a block size, a pool fraction and a config
 (full attention; full + sliding window of each window size; full + Mamba),
 replayed for several trace seeds through the real KVCacheManager by a
 continuous-batching driver (hybridkv.testing.replay), once per eviction
@@ -15,7 +17,10 @@ cell's fraction: its seeds' mean hit rate over their mean ideal), the worst
 cell, and each cell against `lru`.
 
     python benchmarks/bench_policy_grid.py [--quick] [--out DIR] [--workers 2]
-        [--policies lru,hybrid] [--seeds 0-5] [--plugin FILE]
+        [--policies lru,vllm-dense,vllm-sparse,hybrid] [--seeds 0-2] [--plugin FILE]
+        [--shapes ...] [--block-sizes 16,128] [--concurrency 1,2,4,8]
+
+`vllm-dense` and `vllm-sparse` are vLLM's two orders (`vllm_policies.py`).
 
 Ideal hit rates are cached in DIR (they depend on the trace and pool only),
 so rerunning with another policy replays only the policy.
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="a small subset for iteration")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "hybridkv-grid"))
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--policies", default="lru,hybrid")
+    ap.add_argument("--policies", default="lru,vllm-dense,vllm-sparse,hybrid")
     ap.add_argument("--plugin", default=None, help="a file registering extra policies")
     for name in ("shapes", "seeds", "block_sizes", "fracs", "windows", "kinds", "concurrency"):
         ap.add_argument("--" + name.replace("_", "-"), default=None)
