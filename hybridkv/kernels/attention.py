@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from hybridkv.kernels.attention_batched import Tile, attend_group, group_tiles, plan_tiles
+from hybridkv.kernels.attention_decode import decode_attention, decode_layout, is_decode_batch
 from hybridkv.kernels.attention_flash import can_use_flash_attention, flash_paged_attention
 
 # Query rows per dense score tile in the torch path: bounds memory at QUERY_TILE x keys per head
@@ -191,8 +192,12 @@ def torch_paged_attention(
     rules: MaskRules,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The pure-torch path of `paged_attention` (any device): groups of similar query tiles."""
+    """The pure-torch path of `paged_attention` (any device): one fused call for a decode
+    batch (`attention_decode`), else groups of similar query tiles."""
     block_size = k_cache.shape[1]
+    if is_decode_batch(query, batch, rules, sinks):
+        layout = decode_layout(batch, rules, block_size)
+        return decode_attention(query, k_cache, v_cache, layout, rules.scale)
     plan = _plan(batch, rules, block_size, query)
     if plan.max_seq_len > batch.block_table.shape[1] * block_size:
         raise ValueError(f"seq_len {plan.max_seq_len} exceeds the block table's capacity of "

@@ -112,6 +112,11 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
                    help="budget multipliers for the plot, comma-separated positive numbers")
     p.add_argument("--out", default="hybridkv-simulate-output", help="folder for the plot")
     p.add_argument("--eviction-policy", default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64,
+                   help="requests in flight at once; the rest wait, admitted in trace order as "
+                        "others finish (a server driven by N concurrent clients: N)")
+    p.add_argument("--passes", type=int, default=1,
+                   help="replay the trace this many times in a row (one queue)")
     from hybridkv.tools.cluster_report import add_cluster_arguments
 
     add_cluster_arguments(p)
@@ -123,6 +128,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
         check_output_dir(args.out)
         return run_cluster(args)
+    from hybridkv.kv_cache.checks import check_int
     from hybridkv.tools.simulate import parse_bytes, parse_sweep, run_simulate
 
     if not args.model or not args.memory:
@@ -130,6 +136,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
                          "(or --instances N for a cluster)")
     parse_bytes(args.memory)  # bad values fail before any work
     parse_sweep(args.sweep)
+    check_int("--max-num-seqs", args.max_num_seqs, 1)
+    check_int("--passes", args.passes, 1)
     check_output_dir(args.out)
     return run_simulate(args)
 

@@ -6,6 +6,11 @@ drawn from a fixed-seed stream instead of a model. Reports the hit rate,
 how many tokens the pool holds, blocks per group, evictions and
 preemptions, for the model's real layer layout and a KV memory budget, and
 plots hit rate against budget.
+
+`max_num_seqs` N bounds the requests in flight: the rest wait and are
+admitted in trace order as others finish, as on a server driven by N
+concurrent clients. `passes` K replays the trace K times in a row (one
+queue), as a benchmark that cycles through its prompts does.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 
 from hybridkv.engine.sampling import SamplingParams
 from hybridkv.engine.scheduler import Scheduler, SeqState
+from hybridkv.kv_cache.checks import check_int
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
@@ -169,20 +175,24 @@ class Simulator:
             self.group_peak[g] = max(self.group_peak[g], held)
 
 
-def simulate(layout: dict, budget: int, trace, **kwargs) -> SimResult:
-    """Replay `trace` on a pool sized from `budget` for the model `layout`.
+def simulate(layout: dict, budget: int, trace, *, passes: int = 1, **kwargs) -> SimResult:
+    """Replay `trace` `passes` times on a pool sized from `budget` for the model `layout`.
 
-    The manager's RuntimeWarnings (e.g. repeated misses of a pool too small
-    for the working set) are part of the result (`notes`), not printed.
+    `kwargs` go to `Simulator` (`max_num_seqs`: requests in flight). The
+    manager's RuntimeWarnings (e.g. repeated misses of a pool too small for
+    the working set) are part of the result (`notes`), not printed.
+    ValueError when `passes` is not a positive integer.
     """
+    check_int("passes", passes, 1)
     config = KVCacheConfig.from_layer_specs(layout, budget)
     sim = Simulator(config, **kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         if isinstance(trace, ChatWorkload):
-            trace.run(lambda prompts: sim.generate(prompts, [64] * len(prompts)))
+            for _ in range(passes):  # each pass replays the same conversations from the start
+                trace.run(lambda prompts: sim.generate(prompts, [64] * len(prompts)))
         else:
-            sim.generate([t.prompt for t in trace], [t.max_tokens for t in trace])
+            sim.generate([t.prompt for t in trace] * passes, [t.max_tokens for t in trace] * passes)
     stats = sim.kv.prefix_cache_stats
     notes = list(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
     return SimResult(budget, config.num_blocks, stats.hit_rate, sim.count,
@@ -200,14 +210,15 @@ def run_simulate(args) -> int:
     factors = parse_sweep(args.sweep)
     layout = model_layout(args.model, args.block_size)
     trace = load_trace(args.trace)
-    main = simulate(layout, budget, trace, eviction_policy=args.eviction_policy)
+    options = {"eviction_policy": args.eviction_policy, "passes": args.passes,
+               "max_num_seqs": args.max_num_seqs}
+    main = simulate(layout, budget, trace, **options)
     print(_report(args, layout, main))
     results = [main]
     for factor in sorted(set(factors) - {1.0}):
         try:
             trace = load_trace(args.trace) if isinstance(trace, ChatWorkload) else trace
-            results.append(simulate(layout, int(budget * factor), trace,
-                                    eviction_policy=args.eviction_policy))
+            results.append(simulate(layout, int(budget * factor), trace, **options))
         except ValueError as e:  # a budget in the sweep too small for the trace
             print(f"  sweep x{factor:g}: {str(e).splitlines()[0]}")
             continue
@@ -224,8 +235,8 @@ def run_simulate(args) -> int:
 
 def _report(args, layout: dict, r: SimResult) -> str:
     config = KVCacheConfig.from_layer_specs(layout, r.budget_bytes)
-    lines = [f"{args.model}: {len(layout)} layers, trace {args.trace}, "
-             f"budget {format_bytes(r.budget_bytes)}",
+    lines = [f"{args.model}: {len(layout)} layers, trace {args.trace} x{args.passes}, "
+             f"at most {args.max_num_seqs} in flight, budget {format_bytes(r.budget_bytes)}",
              *("  " + ln for ln in config.describe().splitlines()),
              f"  requests {r.requests}, prefix hit rate {r.hit_rate:.3f} "
              f"(per group {', '.join(f'{h:.3f}' for h in r.group_hit_rates)})",

@@ -431,8 +431,9 @@ def test_shared_prefix_blocks_scored_once(monkeypatch, options):
     for seqs in ([(40, 1), (45, 1), (52, 1), (41, 1)], [(60, 9), (40, 4), (48, 3)]):
         case = share_prefix(make_case(seqs, block_size=4, seed=7), num_blocks=8)
         check(case, **options)
-    fused = "softcap" not in options and "sinks" not in options  # prefills go to torch's SDPA
-    assert shared == ([8] if fused else [8, 8])  # each group scored the 8 shared blocks once
+    # without softcap or sinks, decode-only batches and prefills go to torch's SDPA instead
+    fused = "softcap" not in options and "sinks" not in options
+    assert shared == ([] if fused else [8, 8])  # each group scored the 8 shared blocks once
 
 
 def test_shared_prefix_bfloat16():
@@ -483,3 +484,13 @@ def test_group_tiles_bounds_padding_and_size():
     # + 2**14, i.e. k <= 23; a 256-query tile never shares with single queries
     assert groups == [[prefill], decodes + short[:23], short[23:]]
     assert [len(g) for g in group_tiles(decodes, num_heads=1 << 10)] == [2] * 16
+
+
+@pytest.mark.parametrize("options", [{}, {"sliding_window": 5}, {"chunk_size": 8}])
+def test_decode_batches_take_one_fused_call(monkeypatch, options):
+    calls = []
+    real = attention.decode_attention
+    monkeypatch.setattr(attention, "decode_attention",
+                        lambda *args: calls.append(1) or real(*args))
+    check(make_case(DECODES, block_size=4, **layout(options, seed=3)), **options)
+    assert calls == [1]

@@ -1,0 +1,146 @@
+"""Start, probe and stop the two servers of `bench_vs_vllm_serve.py` (127.0.0.1 only).
+
+Each configuration gets a fresh server process, whose output goes to a log file
+in the results folder. Prefix-cache counters are read from each server's
+Prometheus `/metrics` (`vllm:prefix_cache_queries` / `vllm:prefix_cache_hits`, the
+same names in both).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, replace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# (checkpoint, block size) -> bytes of one vLLM block, read from its start-up log
+_VLLM_BLOCK_BYTES: dict[tuple[str, int], int] = {}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One server to start: which engine, its block size and KV blocks, its mode."""
+
+    engine: str  # "hybridkv" | "vllm" | "vllm-eager"
+    checkpoint: str
+    block_size: int
+    num_blocks: int
+    kv_bytes: int
+    threads: int
+    max_num_seqs: int = 32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(config: ServerConfig, port: int, vllm_python: str) -> tuple[list[str], dict]:
+    """The command line and environment of `config` on `port`."""
+    env = dict(os.environ)
+    if config.engine == "hybridkv":
+        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        cmd = [sys.executable, "-m", "hybridkv.tools.cli", "serve", config.checkpoint,
+               "--port", str(port), "--block-size", str(config.block_size),
+               "--kv-cache-bytes", str(config.kv_bytes), "--threads", str(config.threads),
+               "--max-num-seqs", str(config.max_num_seqs), "--log-level", "warning"]
+        return cmd, env
+    env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1")
+    env.pop("PYTHONPATH", None)
+    cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", config.checkpoint,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+           "--block-size", str(config.block_size),
+           "--num-gpu-blocks-override", str(config.num_blocks), "--enable-prefix-caching",
+           "--max-num-seqs", str(config.max_num_seqs), "--max-model-len", "4096",
+           "--uvicorn-log-level", "warning"]
+    if config.engine == "vllm-eager":
+        cmd.append("--enforce-eager")
+    return cmd, env
+
+
+class Server:
+    """A running server; `stop()` ends it (SIGINT, then SIGKILL after 20 s)."""
+
+    def __init__(self, config: ServerConfig, vllm_python: str, log_path: str,
+                 timeout: float = 600.0) -> None:
+        self.config = config
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd, env = server_command(config, self.port, vllm_python)
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self._wait_ready(timeout, log_path)
+
+    def _wait_ready(self, timeout: float, log_path: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.config.engine} server exited with "
+                                   f"{self.proc.returncode}; see {log_path}")
+            try:
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(2)
+        self.stop()
+        raise RuntimeError(f"{self.config.engine} server not ready in {timeout:.0f} s; "
+                           f"see {log_path}")
+
+    def prefix_counters(self) -> tuple[float, float]:
+        """(queries, hits) in tokens from `/metrics`, summed over label sets."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+        return _counter(text, "vllm:prefix_cache_queries"), _counter(text, "vllm:prefix_cache_hits")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def _counter(text: str, name: str) -> float:
+    """Sum of the samples of counter `name` (`name_total` or `name`) in Prometheus text."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:_total)?(?:{{[^}}]*}})? ([0-9.eE+-]+)$", re.M)
+    return sum(float(v) for v in pattern.findall(text))
+
+
+def start_server(config: ServerConfig, vllm_python: str, log_path: str) -> Server:
+    """A fresh server of `config`; for vLLM, with the block count that buys `kv_bytes`.
+
+    vLLM may pad pages or raise the block size of a hybrid model, so its bytes per block
+    are read from its own start-up log (the blocks its 1 GiB KV space buys, before the
+    override) the first time a (checkpoint, block size) starts; a server started with a
+    different count is stopped and started again with the right one.
+    """
+    key = (config.checkpoint, config.block_size)
+    if config.engine != "hybridkv" and key in _VLLM_BLOCK_BYTES:
+        config = replace(config, num_blocks=max(2, config.kv_bytes // _VLLM_BLOCK_BYTES[key]))
+    server = Server(config, vllm_python, log_path)
+    if config.engine == "hybridkv" or key in _VLLM_BLOCK_BYTES:
+        return server
+    with open(log_path) as f:
+        found = re.search(r"Overriding num_gpu_blocks=(\d+)", f.read())
+    if found is None:
+        return server
+    _VLLM_BLOCK_BYTES[key] = (1 << 30) // int(found.group(1))
+    right = max(2, config.kv_bytes // _VLLM_BLOCK_BYTES[key])
+    if right == config.num_blocks:
+        return server
+    server.stop()
+    return Server(replace(config, num_blocks=right), vllm_python, log_path)
