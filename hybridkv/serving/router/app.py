@@ -36,6 +36,7 @@ from hybridkv.serving.router.event_stream import EventStreams
 from hybridkv.serving.router.metrics import RouterMetrics
 from hybridkv.serving.router.routing import Decision, NoBackendError, PromptHashes, Router
 from hybridkv.serving.router.store_view import StoreView
+from hybridkv.serving.router.zmq_source import EventSource, ZmqSources
 
 logger = logging.getLogger("hybridkv.router")
 RETRY_STATUSES = (502, 503, 504)
@@ -57,20 +58,25 @@ class RouterApp:
 
     def __init__(self, router: Router, backend_urls: list[str], events_url: str | None, *,
                  check_interval: float = 1.0, request_timeout: float = 600.0,
-                 kv_store_url: str | None = None) -> None:
+                 kv_store_url: str | None = None,
+                 kv_event_sources: list[EventSource] | None = None) -> None:
         self.router = router
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=2.0),
                                         limits=httpx.Limits(max_connections=1000))
         self.metrics = RouterMetrics(router)
         self.streams = EventStreams(events_url, router) if events_url else None
         self.store = StoreView(kv_store_url, router) if kv_store_url else None
+        self.zmq = ZmqSources(router, kv_event_sources or [])
         self.backends = Backends(backend_urls, router, self.client, interval=check_interval,
-                                 on_layout=self._joined)
+                                 on_layout=self._joined, zmq_urls=self.zmq.urls)
         self.metrics.backends = self.backends
         self.metrics.store = self.store
         self.metrics.streams = self.streams
 
     def _joined(self, backend) -> None:
+        if backend.zmq_events:
+            self.zmq.follow(backend.url, backend.model)
+            return
         if self.streams is not None:
             self.streams.follow(backend.instance_id)
         if self.store is not None and self.store.bind(backend.instance_id, backend.layout):
@@ -200,6 +206,7 @@ def build_app(state: RouterApp) -> FastAPI:
         checker = asyncio.create_task(state.backends.run())
         yield
         checker.cancel()
+        await state.zmq.close()
         if state.streams is not None:
             await state.streams.close()
         if state.store is not None:

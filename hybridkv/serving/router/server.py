@@ -23,6 +23,11 @@ def add_route_arguments(p: argparse.ArgumentParser) -> None:
                    help="the shared Redis KV store of the backends (the URL they were "
                         "started with, redis://host:port/db): hybrid-prefix also counts the "
                         "prefixes they can load from it")
+    p.add_argument("--kv-event-source", action="append", default=[],
+                   metavar="URL=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]",
+                   help="a backend's vLLM-format KV event publisher (vLLM's or hybridkv's "
+                        "--kv-events-config endpoint, then optionally its replay_endpoint); "
+                        "that backend's cache is learned from these events (repeat per backend)")
     p.add_argument("--check-interval", type=float, default=1.0,
                    help="seconds between health checks of each backend")
     p.add_argument("--log-level", default="info",
@@ -48,6 +53,14 @@ def run_router(args: argparse.Namespace) -> int:
     for url in args.backend:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--backend {url!r} is not an http(s) URL")
+    from hybridkv.serving.router.zmq_source import parse_event_source
+
+    sources = [parse_event_source(text) for text in args.kv_event_source]
+    backends = {url.rstrip("/") for url in args.backend}
+    for source in sources:
+        if source.backend_url not in backends:
+            raise ValueError(f"--kv-event-source names {source.backend_url!r}, which is not "
+                             f"a --backend")
     import uvicorn
 
     from hybridkv.serving.router.app import RouterApp, build_app
@@ -58,7 +71,8 @@ def run_router(args: argparse.Namespace) -> int:
     # httpx logs every request at INFO: the health checks alone would flood the log
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     state = RouterApp(Router(args.policy, args.balance), args.backend, args.events,
-                      check_interval=args.check_interval, kv_store_url=args.kv_store)
+                      check_interval=args.check_interval, kv_store_url=args.kv_store,
+                      kv_event_sources=sources)
     uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False)
     return 0
