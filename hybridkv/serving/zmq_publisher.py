@@ -145,7 +145,7 @@ class ZmqKvEventPublisher:
     def __init__(self, config: KvEventsConfig, kv: Any,
                  running: Callable[[], Sequence[Any]] = tuple) -> None:
         self.config = config
-        self.specs = [group.spec for group in kv.config.kv_cache_groups]
+        self.specs = list(kv.config.specs)
         self.tokens = BlockTokens(kv.hash_algo, kv.hash_block_size)
         self.running = running  # the requests still running (their new blocks)
         self._queue: queue.Queue[WireBatch | None] = queue.Queue(config.max_queue_size)
