@@ -28,7 +28,8 @@ def test_router_follows_zmq_events_of_hybridkv_backends(tmp_path):
             config, pub, replay = events_config(tmp_path, name)
             backend = serve("gemma3-tiny", "--kv-events-config", config, log_dir=tmp_path)
             backends.append(backend)
-            sources += ["--kv-event-source", f"{backend.url}={pub},{replay}"]
+            sources += ["--kv-event-source", f"{backend.url}={pub}",
+                        "--kv-event-replay-source", f"{backend.url}={replay}"]
         argv = ["route", "--policy", "hybrid-prefix", "--check-interval", "0.3", *sources]
         for b in backends:
             argv += ["--backend", b.url]

@@ -21,7 +21,12 @@ from hybridkv.kv_cache.specs import FullAttentionSpec
 from hybridkv.serving.kv_events_wire import WireBatch, WireBlockStored, decode_batch
 from hybridkv.serving.router.routing import Router
 from hybridkv.serving.router.vllm_view import VllmCacheView
-from hybridkv.serving.router.zmq_source import EventSource, ZmqEventSource, parse_event_source
+from hybridkv.serving.router.zmq_source import (
+    EventSource,
+    ZmqEventSource,
+    event_sources,
+    parse_event_source,
+)
 from hybridkv.serving.zmq_publisher import KvEventsConfig, ZmqKvEventPublisher
 
 URL = "http://127.0.0.1:1"
@@ -169,10 +174,18 @@ def test_replay_request_served_like_vllms(endpoints):
 
 
 @pytest.mark.parametrize("text", ["tcp://h:1", "http://a=", "http://a=redis://x",
-                                  "http://a=tcp://h:1,tcp://h:2,tcp://h:3"])
+                                  "http://a=tcp://h:1,tcp://h:2"])
 def test_bad_sources_are_named(text):
     with pytest.raises(ValueError, match="--kv-event-source"):
         parse_event_source(text)
+
+
+def test_sources_pair_live_and_replay_endpoints():
+    got = event_sources(["http://a/=tcp://h:1", "http://b=tcp://h:3"], ["http://a=tcp://h:2"])
+    assert got == [EventSource("http://a", "tcp://h:1", "tcp://h:2"),
+                   EventSource("http://b", "tcp://h:3")]
+    with pytest.raises(ValueError, match="no --kv-event-source"):
+        event_sources(["http://a=tcp://h:1"], ["http://c=tcp://h:2"])
 
 
 def test_config_json_fields_are_checked():

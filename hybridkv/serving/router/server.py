@@ -24,10 +24,14 @@ def add_route_arguments(p: argparse.ArgumentParser) -> None:
                         "started with, redis://host:port/db): hybrid-prefix also counts the "
                         "prefixes they can load from it")
     p.add_argument("--kv-event-source", action="append", default=[],
-                   metavar="URL=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]",
-                   help="a backend's vLLM-format KV event publisher (vLLM's or hybridkv's "
-                        "--kv-events-config endpoint, then optionally its replay_endpoint); "
-                        "that backend's cache is learned from these events (repeat per backend)")
+                   metavar="URL=tcp://HOST:PORT",
+                   help="a backend's vLLM-format KV event publisher (the endpoint of vLLM's "
+                        "or hybridkv's --kv-events-config); that backend's cache is learned "
+                        "from these events (repeat per backend)")
+    p.add_argument("--kv-event-replay-source", action="append", default=[],
+                   metavar="URL=tcp://HOST:PORT",
+                   help="the replay_endpoint of a --kv-event-source backend: batches missed "
+                        "are asked from it")
     p.add_argument("--check-interval", type=float, default=1.0,
                    help="seconds between health checks of each backend")
     p.add_argument("--log-level", default="info",
@@ -53,9 +57,9 @@ def run_router(args: argparse.Namespace) -> int:
     for url in args.backend:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--backend {url!r} is not an http(s) URL")
-    from hybridkv.serving.router.zmq_source import parse_event_source
+    from hybridkv.serving.router.zmq_source import event_sources
 
-    sources = [parse_event_source(text) for text in args.kv_event_source]
+    sources = event_sources(args.kv_event_source, args.kv_event_replay_source)
     backends = {url.rstrip("/") for url in args.backend}
     for source in sources:
         if source.backend_url not in backends:

@@ -1,9 +1,10 @@
 """Follows a vLLM backend's KV event publisher (ZMQ) into its `VllmCacheView`.
 
-`--kv-event-source URL=ENDPOINT[,REPLAY_ENDPOINT]`: the SUB socket connects
-to ENDPOINT (the publisher binds `tcp://*:PORT`; the router connects to
-`tcp://host:PORT`), the replay DEALER to REPLAY_ENDPOINT (the publisher's
-`replay_endpoint`).
+`--kv-event-source URL=ENDPOINT` (vllm-router's flags): the SUB socket
+connects to ENDPOINT (the publisher binds `tcp://*:PORT`; the router
+connects to `tcp://host:PORT`); `--kv-event-replay-source URL=ENDPOINT`
+names the publisher's `replay_endpoint`, where a DEALER asks for missed
+batches.
 
 Batches carry sequence numbers counting from 0. The source applies each
 batch once, in order:
@@ -43,18 +44,34 @@ class EventSource:
     replay_endpoint: str | None = None
 
 
-def parse_event_source(text: str) -> EventSource:
-    """`URL=tcp://host:port[,tcp://host:replay_port]` -> EventSource; ValueError
-    naming what is wrong."""
-    url, sep, rest = text.partition("=")
+def parse_event_source(text: str, flag: str = "--kv-event-source") -> tuple[str, str]:
+    """`URL=tcp://host:port` -> (backend URL, endpoint); ValueError naming what is
+    wrong. vllm-router's comma list (one endpoint per data-parallel rank) is
+    refused beyond one rank: each rank caches apart, one view cannot hold them."""
+    url, sep, endpoint = text.partition("=")
     if not sep or not url.startswith(("http://", "https://")):
-        raise ValueError(f"--kv-event-source {text!r} must be BACKEND_URL=tcp://host:port")
-    endpoints = rest.split(",")
-    if len(endpoints) > 2 or not all(e.startswith(("tcp://", "ipc://")) for e in endpoints):
-        raise ValueError(f"--kv-event-source {text!r}: the endpoint must be tcp://host:port "
-                         f"(then optionally ,tcp://host:replay_port)")
-    return EventSource(url.rstrip("/"), endpoints[0], endpoints[1] if len(endpoints) > 1
-                       else None)
+        raise ValueError(f"{flag} {text!r} must be BACKEND_URL=tcp://host:port")
+    if "," in endpoint:
+        raise ValueError(f"{flag} {text!r}: one endpoint per backend (data-parallel ranks "
+                         f"are not supported)")
+    if not endpoint.startswith(("tcp://", "ipc://")):
+        raise ValueError(f"{flag} {text!r}: the endpoint must be tcp://host:port")
+    return url.rstrip("/"), endpoint
+
+
+def event_sources(live: list[str], replay: list[str]) -> list[EventSource]:
+    """`--kv-event-source` and `--kv-event-replay-source` values -> sources;
+    ValueError for a replay source of a backend without a live one, or repeats."""
+    pairs = [parse_event_source(text) for text in live]
+    urls = [url for url, _ in pairs]
+    if len(set(urls)) != len(urls):
+        raise ValueError("--kv-event-source names a backend twice")
+    replays = dict(parse_event_source(text, "--kv-event-replay-source") for text in replay)
+    unknown = sorted(set(replays) - set(urls))
+    if unknown:
+        raise ValueError(f"--kv-event-replay-source for {unknown}, which have no "
+                         f"--kv-event-source")
+    return [EventSource(url, endpoint, replays.get(url)) for url, endpoint in pairs]
 
 
 class ZmqEventSource:
