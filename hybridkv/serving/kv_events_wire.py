@@ -119,7 +119,8 @@ def _check_event(i: int, event: WireEvent) -> None:
     if isinstance(event, WireAllCleared):
         return
     hashes = event.block_hashes
-    if not isinstance(hashes, list) or not all(isinstance(h, bytes | int) for h in hashes):
+    if not isinstance(hashes, list) or not all(type(h) is bytes or type(h) is int
+                                               for h in hashes):
         raise ValueError(f"KV event {i}: block_hashes must be a list of bytes or ints")
     if event.group_idx is not None and (type(event.group_idx) is not int
                                         or event.group_idx < 0):

@@ -105,7 +105,7 @@ class BlockTokens:
 
     def __init__(self, hash_algo: str, hash_block_size: int, limit: int = MEMO_BLOCKS) -> None:
         self.hash_algo, self.hash_block_size, self.limit = hash_algo, hash_block_size, limit
-        self.where: OrderedDict[bytes, tuple[Any, int]] = OrderedDict()
+        self.where: OrderedDict[bytes, tuple[Any, list[bytes], int]] = OrderedDict()
         self._noted: dict[str, int] = {}  # request id -> hashes noted
 
     def note(self, request: Any) -> None:
@@ -113,7 +113,7 @@ class BlockTokens:
         hashes = request.block_hashes(self.hash_algo, self.hash_block_size)
         start = self._noted.get(request.request_id, 0)
         for k in range(start, len(hashes)):
-            self.where[hashes[k]] = (request, k)
+            self.where[hashes[k]] = (request, hashes, k)
             self.where.move_to_end(hashes[k])
         self._noted[request.request_id] = len(hashes)
         while len(self.where) > self.limit:
@@ -130,10 +130,9 @@ class BlockTokens:
         found = self.where.get(block_hash)
         if found is None:
             return None
-        request, k = found
+        request, hashes, k = found
         h = self.hash_block_size
         start, end = (k + 1 - stride) * h, (k + 1) * h
-        hashes = request.block_hashes(self.hash_algo, h)
         parent = hashes[k - stride] if k >= stride else None
         salt = request.cache_salt if start == 0 else None
         return parent, list(request.all_token_ids[start:end]), salt

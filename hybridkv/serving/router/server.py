@@ -32,6 +32,9 @@ def add_route_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="URL=tcp://HOST:PORT",
                    help="the replay_endpoint of a --kv-event-source backend: batches missed "
                         "are asked from it")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="tokenize prompts and chat messages here with the model's tokenizer "
+                        "directory (default: each backend's POST /tokenize)")
     p.add_argument("--check-interval", type=float, default=1.0,
                    help="seconds between health checks of each backend")
     p.add_argument("--log-level", default="info",
@@ -76,7 +79,7 @@ def run_router(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     state = RouterApp(Router(args.policy, args.balance), args.backend, args.events,
                       check_interval=args.check_interval, kv_store_url=args.kv_store,
-                      kv_event_sources=sources)
+                      kv_event_sources=sources, tokenizer_dir=args.tokenizer)
     uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False)
     return 0
