@@ -10,7 +10,8 @@ from hybridkv.serving.router.policy import DEFAULT_BALANCE, DEFAULT_POLICY, POLI
 
 def add_route_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", action="append", required=True, metavar="URL",
-                   help="a `hybridkv serve` instance (repeat for each)")
+                   help="a `hybridkv serve` instance, or a vLLM server named in "
+                        "--kv-event-source (repeat for each)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES)
