@@ -83,17 +83,20 @@ class EngineDead(RuntimeError):
 class AsyncEngine:
     """Runs `llm` on a dedicated thread and streams tokens to asyncio readers.
 
-    `metrics` (ServerMetrics or None) and `on_events` (called on the engine
-    thread with each step's block events) are optional observers.
+    `metrics` (ServerMetrics or None), `on_events` (called on the engine
+    thread with each step's block events) and `on_add` (with each request
+    accepted) are optional observers.
     """
 
     def __init__(self, llm: Any, *, metrics: Any = None,
                  on_events: Callable[[list[BlockEvent]], None] | None = None,
-                 on_death: Callable[[BaseException], None] | None = None) -> None:
+                 on_death: Callable[[BaseException], None] | None = None,
+                 on_add: Callable[[Any], None] | None = None) -> None:
         self.llm = llm
         self.metrics = metrics
         self.on_death = on_death
         self._on_events = on_events
+        self._on_add = on_add  # called with each request the engine accepts
         self._events: list[BlockEvent] = []
         if on_events is not None:
             llm.kv.subscribe(self._events.append)
@@ -216,6 +219,8 @@ class AsyncEngine:
                                                status=500)))
                 continue
             self._live[r.request_id] = _Live(seq, index, results, r.stream)
+            if self._on_add is not None:
+                self._on_add(seq.request)
             if r.stream:
                 replies.append((results, Delta(index, [],
                                                num_prompt_tokens=len(r.prompt_token_ids))))

@@ -31,6 +31,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="publish block events to this Redis (redis://host:port/db)")
     server.add_argument("--instance-id", default=None,
                         help="names this instance in --events (default: host:port)")
+    server.add_argument("--kv-events-config", default=None, metavar="JSON",
+                        help="also publish block events as vLLM does (ZMQ), vLLM's JSON: "
+                             "'{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", "
+                             "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": "
+                             "\"tcp://*:5558\"}'")
     server.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                         help="sequences that may wait beyond --max-num-seqs before new "
                              "requests get 429")

@@ -33,6 +33,10 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.events is not None and not args.events.startswith(("redis://", "rediss://",
                                                                 "unix://")):
         raise ValueError(f"--events {args.events!r} is not a Redis URL (redis://host:port/db)")
+    if args.kv_events_config is not None:
+        from hybridkv.serving.zmq_publisher import KvEventsConfig
+
+        KvEventsConfig.from_json(args.kv_events_config)
 
 
 def _kv_cache_bytes(text: str | None) -> int | None:
@@ -87,6 +91,7 @@ def max_model_len(llm: Any, requested: int | None) -> int:
 
 def build_state(llm: Any, *, model_name: str, instance_id: str, base_url: str,
                 api_key: str | None = None, events_url: str | None = None,
+                kv_events_config: str | None = None,
                 max_queue: int = DEFAULT_MAX_QUEUE,
                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                 context_len: int | None = None, max_prompt_chars: int | None = None) -> Any:
@@ -106,8 +111,17 @@ def build_state(llm: Any, *, model_name: str, instance_id: str, base_url: str,
     if events_url is not None:
         publisher = EventPublisher(events_url, instance_id, {**layout, "url": base_url},
                                    on_published=lambda ok, lost: metrics.record_events(ok, lost))
+    publishers = [publisher] if publisher is not None else []
+    zmq_publisher = _zmq_publisher(llm, kv_events_config)
+    if zmq_publisher is not None:
+        publishers.append(zmq_publisher)
+    if len(publishers) > 1:
+        publisher = Publishers(publishers)
+    elif publishers:
+        publisher = publishers[0]
     engine = AsyncEngine(llm, metrics=metrics,
-                         on_events=publisher.publish if publisher is not None else None)
+                         on_events=publisher.publish if publisher is not None else None,
+                         on_add=zmq_publisher.note_request if zmq_publisher else None)
     prompts = PromptBuilder(llm.tokenizer, llm.runner.vocab_size,
                             context_len or llm.runner.max_model_len, max_prompt_chars)
     service = CompletionService(engine, prompts, model_name,
@@ -116,6 +130,37 @@ def build_state(llm: Any, *, model_name: str, instance_id: str, base_url: str,
                        model_name=model_name, layout=layout, api_key=api_key,
                        max_body_bytes=max_body_bytes, publisher=publisher,
                        version=__version__)
+
+
+def _zmq_publisher(llm: Any, config_json: str | None) -> Any:
+    """The vLLM-format publisher of `--kv-events-config` (None when not enabled)."""
+    if config_json is None:
+        return None
+    from hybridkv.serving.zmq_publisher import KvEventsConfig, ZmqKvEventPublisher
+
+    config = KvEventsConfig.from_json(config_json)
+    if not config.enabled:
+        return None
+    return ZmqKvEventPublisher(config, llm.kv, running=lambda: llm.scheduler.running)
+
+
+class Publishers:
+    """Several block event publishers behind the one the server starts and closes."""
+
+    def __init__(self, publishers: list[Any]) -> None:
+        self.publishers = publishers
+
+    def start(self) -> None:
+        for p in self.publishers:
+            p.start()
+
+    def publish(self, events: Any) -> None:
+        for p in self.publishers:
+            p.publish(events)
+
+    def close(self) -> None:
+        for p in self.publishers:
+            p.close()
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -134,6 +179,7 @@ def run_server(args: argparse.Namespace) -> int:
     state = build_state(llm, model_name=model_name, instance_id=instance_id,
                         base_url=f"http://{args.host}:{args.port}", api_key=args.api_key,
                         events_url=args.events, max_queue=args.max_queue,
+                        kv_events_config=args.kv_events_config,
                         max_body_bytes=args.max_body_bytes, context_len=context_len,
                         max_prompt_chars=args.max_prompt_chars)
     from hybridkv.serving.summary import startup_summary

@@ -45,6 +45,7 @@ from hybridkv.serving.router.event_stream import EventStreams
 from hybridkv.serving.router.metrics import RouterMetrics
 from hybridkv.serving.router.routing import Decision, NoBackendError, PromptHashes, Router
 from hybridkv.serving.router.store_view import StoreView
+from hybridkv.serving.router.zmq_source import EventSource, ZmqSources
 
 logger = logging.getLogger("hybridkv.router")
 RETRY_STATUSES = (502, 503, 504)
@@ -69,6 +70,31 @@ def error(status: int, message: str, param: str | None = None, code: str | None 
                                    "code": code}}, status_code=status)
 
 
+def load_local_tokenizer(path: str) -> Any:
+    """The tokenizer (and chat template) in a model directory; ValueError if none."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--tokenizer {path!r}: no tokenizer there ({err})") from None
+
+
+def local_tokens(tokenizer: Any, query: dict[str, Any]) -> list[int]:
+    """Token ids of a prompt or chat messages as a backend renders them ([] when
+    they cannot be rendered: the backend will say why)."""
+    try:
+        if "messages" in query:
+            ids = tokenizer.apply_chat_template(query["messages"], add_generation_prompt=True,
+                                                tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            return [int(t) for t in ids]
+        prompt = query.get("prompt")
+        return list(tokenizer(prompt).input_ids) if isinstance(prompt, str) else []
+    except Exception:  # noqa: BLE001 - bad messages: routed by load, refused by the backend
+        return []
+
+
 class _Failed(Exception):
     """The backend failed before the response reached the client: try another."""
 
@@ -78,23 +104,30 @@ class RouterApp:
 
     def __init__(self, router: Router, backend_urls: list[str], events_url: str | None, *,
                  check_interval: float = 1.0, request_timeout: float = 600.0,
-                 kv_store_url: str | None = None, backend_api_key: str | None = None) -> None:
+                 kv_store_url: str | None = None, backend_api_key: str | None = None,
+                 kv_event_sources: list[EventSource] | None = None,
+                 tokenizer_dir: str | None = None) -> None:
         self.router = router
         self.auth = {} if backend_api_key is None else \
             {"Authorization": f"Bearer {backend_api_key}"}
+        self.tokenizer = load_local_tokenizer(tokenizer_dir) if tokenizer_dir else None
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=2.0),
                                         limits=httpx.Limits(max_connections=1000),
                                         headers=self.auth)
         self.metrics = RouterMetrics(router)
         self.streams = EventStreams(events_url, router) if events_url else None
         self.store = StoreView(kv_store_url, router) if kv_store_url else None
+        self.zmq = ZmqSources(router, kv_event_sources or [])
         self.backends = Backends(backend_urls, router, self.client, interval=check_interval,
-                                 on_layout=self._joined)
+                                 on_layout=self._joined, zmq_urls=self.zmq.urls)
         self.metrics.backends = self.backends
         self.metrics.store = self.store
         self.metrics.streams = self.streams
 
     def _joined(self, backend) -> None:
+        if backend.zmq_events:
+            self.zmq.follow(backend.url, backend.model)
+            return
         if self.streams is not None:
             self.streams.follow(backend.instance_id)
         if self.store is not None and self.store.bind(backend.instance_id, backend.layout):
@@ -117,7 +150,10 @@ class RouterApp:
 
     async def _tokenize(self, query: dict[str, Any], body: dict[str, Any],
                         headers: dict[str, str]) -> list[int]:
-        """Through a healthy backend; [] when none can (the request is routed by load)."""
+        """With `--tokenizer` here, else through a healthy backend; [] when none can
+        (the request is routed by load)."""
+        if self.tokenizer is not None:
+            return local_tokens(self.tokenizer, query)
         if body.get("model") is not None:
             query["model"] = body["model"]
         for backend in self.backends.healthy():
@@ -248,6 +284,7 @@ def build_app(state: RouterApp) -> FastAPI:
         checker = asyncio.create_task(state.backends.run())
         yield
         checker.cancel()
+        await state.zmq.close()
         if state.streams is not None:
             await state.streams.close()
         if state.store is not None:

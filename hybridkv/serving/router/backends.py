@@ -5,7 +5,11 @@ A backend that fails a check (no answer within the timeout, or not 200)
 leaves rotation at once; it returns when a check passes again. Its layout
 (`GET /v1/kv_cache_layout`) is read when it first answers, and again after it
 was down (a restarted backend may come back with another instance id); the
-instance id there names its event stream. From /metrics the router reads
+instance id there names its event stream. A backend named in
+`--kv-event-source` (vLLM, or hybridkv with `--kv-events-config`) has no
+such layout: its instance id is its URL, its model the first of
+`/v1/models`, and its layout is learned from its events (`vllm_view`).
+From /metrics the router reads
 `vllm:num_requests_waiting` and `vllm:num_requests_running` (its own count of
 requests in flight is kept by `Router`). A backend that has never passed a
 check is logged at its first failure and again at the 10th, 100th, ...
@@ -22,6 +26,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from hybridkv.kv_cache.specs import FullAttentionSpec
 from hybridkv.serving.router.layout import CacheLayout
 from hybridkv.serving.router.routing import Router
 
@@ -37,6 +42,7 @@ class BackendState:
     checks_failed: int = 0
     ever_healthy: bool = False
     layout: dict[str, Any] | None = None  # its last layout JSON
+    zmq_events: bool = False  # its layout and blocks come from vLLM-format events
 
 
 def load_from_metrics(text: str) -> tuple[int, int]:
@@ -53,10 +59,13 @@ class Backends:
     """All backends by URL, kept in step with `router` (rotation, layouts, loads)."""
 
     def __init__(self, urls: list[str], router: Router, client: httpx.AsyncClient, *,
-                 interval: float = 1.0, timeout: float = 2.0, on_layout=None) -> None:
+                 interval: float = 1.0, timeout: float = 2.0, on_layout=None,
+                 zmq_urls: frozenset[str] = frozenset()) -> None:
         if not urls:
             raise ValueError("the router needs at least one --backend URL")
-        self.by_url = {u.rstrip("/"): BackendState(u.rstrip("/")) for u in urls}
+        self.by_url = {u.rstrip("/"): BackendState(u.rstrip("/"),
+                                                   zmq_events=u.rstrip("/") in zmq_urls)
+                       for u in urls}
         self.router = router
         self.client = client
         self.interval = interval
@@ -84,7 +93,9 @@ class Backends:
             if health.status_code != 200:
                 raise httpx.HTTPStatusError("unhealthy", request=health.request,
                                             response=health)
-            if not backend.healthy or backend.instance_id is None:
+            if backend.zmq_events and backend.instance_id is None:
+                await self._join_by_url(backend)
+            elif not backend.healthy or backend.instance_id is None:
                 await self._read_layout(backend)
             metrics = await self.client.get(f"{backend.url}/metrics", timeout=self.timeout)
             waiting, running = load_from_metrics(metrics.text)
@@ -110,6 +121,19 @@ class Backends:
         backend.instance_id, backend.model = instance_id, body.get("model")
         backend.layout = body
         self.router.add_backend(instance_id, layout, backend.model)
+        self.on_layout(backend)
+
+    async def _join_by_url(self, backend: BackendState) -> None:
+        """A backend followed through its ZMQ events: id = URL, and until its
+        events name its groups, one full-attention group (no reuse credited)."""
+        response = await self.client.get(f"{backend.url}/v1/models", timeout=self.timeout)
+        response.raise_for_status()
+        models = response.json().get("data") or []
+        backend.instance_id = backend.url
+        backend.model = models[0].get("id") if models else None
+        if backend.url not in self.router.backends:
+            self.router.add_backend(backend.url, CacheLayout((FullAttentionSpec(16),)),
+                                    backend.model)
         self.on_layout(backend)
 
     def mark_down(self, backend: BackendState, why: str) -> None:

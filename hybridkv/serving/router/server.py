@@ -10,7 +10,8 @@ from hybridkv.serving.router.policy import DEFAULT_BALANCE, DEFAULT_POLICY, POLI
 
 def add_route_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", action="append", required=True, metavar="URL",
-                   help="a `hybridkv serve` instance (repeat for each)")
+                   help="a `hybridkv serve` instance, or a vLLM server named in "
+                        "--kv-event-source (repeat for each)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES)
@@ -26,6 +27,18 @@ def add_route_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend-api-key", default=None, metavar="KEY",
                    help="send 'Authorization: Bearer KEY' to the backends (those started "
                         "with --api-key)")
+    p.add_argument("--kv-event-source", action="append", default=[],
+                   metavar="URL=tcp://HOST:PORT",
+                   help="a backend's vLLM-format KV event publisher (the endpoint of vLLM's "
+                        "or hybridkv's --kv-events-config); that backend's cache is learned "
+                        "from these events (repeat per backend)")
+    p.add_argument("--kv-event-replay-source", action="append", default=[],
+                   metavar="URL=tcp://HOST:PORT",
+                   help="the replay_endpoint of a --kv-event-source backend: batches missed "
+                        "are asked from it")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="tokenize prompts and chat messages here with the model's tokenizer "
+                        "directory (default: each backend's POST /tokenize)")
     p.add_argument("--check-interval", type=float, default=1.0,
                    help="seconds between health checks of each backend")
     p.add_argument("--log-level", default="info",
@@ -51,6 +64,14 @@ def run_router(args: argparse.Namespace) -> int:
     for url in args.backend:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--backend {url!r} is not an http(s) URL")
+    from hybridkv.serving.router.zmq_source import event_sources
+
+    sources = event_sources(args.kv_event_source, args.kv_event_replay_source)
+    backends = {url.rstrip("/") for url in args.backend}
+    for source in sources:
+        if source.backend_url not in backends:
+            raise ValueError(f"--kv-event-source names {source.backend_url!r}, which is not "
+                             f"a --backend")
     import uvicorn
 
     from hybridkv.serving.router.app import RouterApp, build_app
@@ -62,7 +83,8 @@ def run_router(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     state = RouterApp(Router(args.policy, args.balance), args.backend, args.events,
                       check_interval=args.check_interval, kv_store_url=args.kv_store,
-                      backend_api_key=args.backend_api_key)
+                      backend_api_key=args.backend_api_key,
+                      kv_event_sources=sources, tokenizer_dir=args.tokenizer)
     uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False)
     return 0

@@ -1,0 +1,125 @@
+"""Cost of one routing decision when every instance's index is learned from
+vLLM-format KV events (64 instances, about 1M cached blocks).
+
+The set-up of `bench_routing.py` (real managers of a real model's layout,
+Zipf documents until the pools evict), except that each instance's block
+events take the path a vLLM backend's take: converted to `KVEventBatch`es
+(tokens, parent hashes, group kinds: `zmq_publisher`), encoded to msgpack
+bytes, decoded, and applied by a `VllmCacheView` (the router's own chain
+over the tokens, groups and rules learned from the events). Then
+`Router.route` is timed as there (hashing the prompt included in `route`;
+`lookup` alone excludes it), and the event ingestion rate is reported.
+
+    python benchmarks/bench_routing_vllm.py --model gemma-3-27b --out /tmp/bench-routing-vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from bench_routing import measure, model_specs, question
+from common import add_common_args, prepare_out, write_result
+
+from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
+from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.kv_cache.request import Request
+from hybridkv.serving.kv_events_wire import WireBatch, decode_batch, encode_batch
+from hybridkv.serving.router.routing import Router
+from hybridkv.serving.router.vllm_view import VllmCacheView
+from hybridkv.serving.zmq_publisher import KvEventsConfig, ZmqKvEventPublisher
+
+
+class VllmFiller:
+    """One instance whose events reach the router as vLLM's would."""
+
+    def __init__(self, name: str, specs: list, num_blocks: int, router: Router) -> None:
+        config = KVCacheConfig(num_blocks, [KVCacheGroupSpec([f"g{i}"], s)
+                                            for i, s in enumerate(specs)])
+        self.kv = KVCacheManager(config)
+        self.name = name
+        self.events: list = []
+        self.kv.pool.subscribe(self.events.append)
+        self.publisher = ZmqKvEventPublisher(KvEventsConfig(True, "zmq"), self.kv)
+        self.view = VllmCacheView(name, router)
+        self.count = 0
+        self.ingest_s = 0.0
+        self.num_events = 0
+
+    def serve(self, prompt: list[int]) -> None:
+        self.count += 1
+        req = Request(f"{self.name}-{self.count}", prompt)
+        self.publisher.note_request(req)
+        blocks, hit = self.kv.get_computed_blocks(req)
+        got = self.kv.allocate_slots(req, len(prompt) - hit, hit, blocks if hit else None)
+        assert got is not None, "the pool cannot hold one prompt"
+        req.num_computed_tokens = len(prompt)
+        self.kv.free(req)
+        t0 = time.perf_counter()
+        payload = encode_batch(WireBatch(0.0, self.publisher.convert(self.events)))
+        self.view.apply(decode_batch(payload))
+        self.ingest_s += time.perf_counter() - t0
+        self.num_events += len(self.events)
+        self.events.clear()
+
+
+def fill(args, router: Router, corpus, rng: random.Random) -> list[VllmFiller]:
+    specs = model_specs(args.model, args.block_size)
+    per_instance = args.total_blocks // args.instances
+    fillers = [VllmFiller(f"i{k}", specs, per_instance, router) for k in range(args.instances)]
+    weights = [1 / (r + 1) ** args.zipf for r in range(len(corpus))]
+    for filler in fillers:
+        while filler.kv.pool.num_evictions < per_instance // 4:  # full, and evicting
+            doc = rng.choices(corpus, weights)[0]
+            filler.serve(doc + question(rng, args.vocab))
+    return fillers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma-3-27b")
+    parser.add_argument("--instances", type=int, default=64)
+    parser.add_argument("--total-blocks", type=int, default=1_000_000)
+    parser.add_argument("--doc-len", type=int, default=2048)
+    parser.add_argument("--num-docs", type=int, default=2000)
+    parser.add_argument("--zipf", type=float, default=0.8)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=5, help="best of N per query")
+    add_common_args(parser)
+    args = parser.parse_args()
+    prepare_out(args.out)
+    if args.quick:
+        args.instances, args.total_blocks, args.num_docs, args.queries = 4, 20_000, 50, 9
+    rng = random.Random(0)
+    corpus = [question(rng, args.vocab, args.doc_len) for _ in range(args.num_docs)]
+    router = Router("hybrid-prefix")
+    t0 = time.perf_counter()
+    fillers = fill(args, router, corpus, rng)
+    fill_s = time.perf_counter() - t0
+    index = next(iter(router.indexes.values()))
+    cached = sum(index.num_cached_blocks(f.name) for f in fillers)
+    events = sum(f.num_events for f in fillers)
+    ingest = sum(f.ingest_s for f in fillers)
+    unplaced = sum(f.view.num_unplaced for f in fillers)
+    print(f"{args.model}: {args.instances} instances, {len(index.classes)} reuse classes, "
+          f"{cached:,} cached group blocks (filled in {fill_s:.0f} s; {events:,} block events "
+          f"ingested at {ingest / max(events, 1) * 1e6:.1f} us each, {unplaced} unplaced)")
+    result = measure(args, router, fillers, corpus, rng)
+    for kind, row in result.items():
+        print(f"  {kind:8s} hash {row['hash']['median_us']:7.1f} us  lookup "
+              f"{row['lookup']['median_us']:7.1f} us (p90 {row['lookup']['p90_us']:.1f})  "
+              f"route {row['route']['median_us']:7.1f} us (p90 {row['route']['p90_us']:.1f}, "
+              f"max {row['route']['max_us']:.1f})  instances reusing "
+              f"{row['instances_with_reuse_mean']}")
+    path = write_result("routing_vllm", {
+        "config": vars(args), "cached_blocks": cached, "block_events": events,
+        "ingest_us_per_event": ingest / max(events, 1) * 1e6, "unplaced": unplaced,
+        "results": result}, args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
