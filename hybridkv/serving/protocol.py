@@ -52,6 +52,7 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     return_token_ids: bool = False
     user: str | None = None
+    semantic_cache: bool | None = None  # false: never answered from the semantic cache
     # OpenAI fields accepted only at their neutral value
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

@@ -99,6 +99,15 @@ def build_state(llm: Any, *, model_name: str, instance_id: str, base_url: str,
                        max_body_bytes=max_body_bytes, publisher=publisher)
 
 
+def _semantic_front(args: argparse.Namespace, state: Any) -> Any:
+    """`--semantic-cache`'s front on the server's metrics registry, or None."""
+    from hybridkv.semantic.options import build_front
+
+    tokenizer = state.prompts.tokenizer
+    count = (lambda text: len(tokenizer.encode(text))) if tokenizer is not None else None
+    return build_front(args, state.model_name, state.metrics.registry, count)
+
+
 def run_server(args: argparse.Namespace) -> int:
     """Serve until SIGTERM / SIGINT; returns the exit code. ValueError for bad options."""
     _check_args(args)
@@ -115,6 +124,7 @@ def run_server(args: argparse.Namespace) -> int:
                         base_url=f"http://{args.host}:{args.port}", api_key=args.api_key,
                         events_url=args.events, max_queue=args.max_queue,
                         max_body_bytes=args.max_body_bytes)
+    state.semantic = _semantic_front(args, state)
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=args.drain_timeout)
