@@ -11,8 +11,12 @@ texts must agree on:
 - the order of shared anchors (capitalised names, numbers, units, and the
   words beside "than", "to", "from", "into", "vs"): swapped entities and
   reversed conversions;
-- opposite verbs: a word in one text that is another's with a negating
-  prefix ("install" / "uninstall") or from a small antonym table.
+- opposite words: a word in one text that is another's with a negating
+  prefix ("install" / "uninstall") or from a small antonym table;
+- the question asked: the same who / when / where / why / how-much words;
+- the same names, numbers and units (as sets);
+- no single content word replaced by another that is not a listed synonym
+  ("how do I *install* X" / "how do I *update* X").
 
 A veto costs a miss, never a wrong answer; paraphrases that reorder names
 lose their hit, which is the side this errs on.
@@ -36,10 +40,22 @@ metre metres cm mm inch inches foot feet ft yard yards kg kilogram kilograms g g
 lbs pound pounds ounce ounces oz liter liters litre litres ml gallon gallons celsius
 fahrenheit kelvin seconds second minutes minute hours hour days day weeks week months month
 years year usd eur dollars dollar euros euro yen gb mb kb tb bytes byte percent""".split())
+WH_WORDS = frozenset({"who", "whom", "whose", "when", "where", "why", "much"})
+STOPWORDS = frozenset("""a an the is are was were be been am do does did can could would should
+will shall may might must i me my you your we our it its this that these those of in on at
+for to from by with about as into and or but if then so please tell what what's which how
+there here have has had get got any some just very really""".split())
+SYNONYMS = {frozenset(p) for p in (
+    ("big", "large"), ("bigger", "larger"), ("biggest", "largest"), ("small", "little"),
+    ("harmful", "bad"), ("begin", "start"), ("buy", "purchase"), ("fix", "repair"),
+    ("quick", "fast"), ("quickly", "fast"), ("car", "automobile"), ("author", "writer"),
+    ("wrote", "written"), ("steps", "way"), ("help", "assist"), ("error", "bug"),
+    ("show", "display"), ("make", "create"), ("use", "utilize"), ("job", "work"))}
 DIRECTIONAL = frozenset({"than", "to", "from", "into", "vs", "versus", "against", "before",
                          "after", "over", "under", "above", "below"})
 NEGATING_PREFIXES = ("un", "dis", "de", "in", "im", "non", "anti", "mis")
 ANTONYMS = {frozenset(p) for p in (
+    ("good", "bad"), ("plus", "minus"), ("sum", "difference"), ("times", "plus"),
     ("increase", "decrease"), ("buy", "sell"), ("more", "less"), ("bigger", "smaller"),
     ("larger", "smaller"), ("higher", "lower"), ("faster", "slower"), ("older", "younger"),
     ("longer", "shorter"), ("heavier", "lighter"), ("hotter", "colder"), ("best", "worst"),
@@ -52,7 +68,7 @@ ANTONYMS = {frozenset(p) for p in (
     ("lend", "borrow"), ("send", "receive"), ("push", "pull"), ("read", "write"),
     ("rise", "fall"), ("cheap", "expensive"), ("safe", "dangerous"), ("legal", "illegal"),
     ("always", "never"), ("all", "none"), ("allow", "block"), ("accept", "reject"),
-    ("why", "how"), ("who", "what"), ("when", "where"), ("create", "delete"),
+    ("create", "delete"),
     ("join", "leave"), ("before", "after"), ("convert", "revert"), ("men", "women"),
     ("male", "female"), ("boys", "girls"), ("adults", "children"), ("mean", "median"))}
 
@@ -76,7 +92,28 @@ def conflicts(a: str, b: str) -> str | None:
         return "order"
     if _opposite(set(la), set(lb)):
         return "opposite"
+    if WH_WORDS.intersection(la) != WH_WORDS.intersection(lb):
+        return "question"
+    if _names(wa, la) != _names(wb, lb):
+        return "names"
+    if _substituted(set(la), set(lb)):
+        return "substitution"
     return None
+
+
+def _names(original: list[str], lower: list[str]) -> set[str]:
+    """Names, numbers and units: capitalised words (not the first), digits, units."""
+    return {lw for i, (w, lw) in enumerate(zip(original, lower))
+            if (i > 0 and w[0].isupper()) or w[0].isdigit() or lw in UNITS}
+
+
+def _substituted(a: set[str], b: set[str]) -> bool:
+    """Exactly one content word replaced by another that is not a known synonym."""
+    only_a, only_b = (a - b) - STOPWORDS, (b - a) - STOPWORDS
+    if len(only_a) != 1 or len(only_b) != 1:
+        return False
+    pair = frozenset((next(iter(only_a)), next(iter(only_b))))
+    return pair not in SYNONYMS
 
 
 def _numbers(lower: list[str]) -> Counter[str]:
