@@ -103,8 +103,9 @@ def conflicts(a: str, b: str) -> str | None:
 
 def _names(original: list[str], lower: list[str]) -> set[str]:
     """Names, numbers and units: capitalised words (not the first), digits, units."""
-    return {lw for i, (w, lw) in enumerate(zip(original, lower))
-            if (i > 0 and w[0].isupper()) or w[0].isdigit() or lw in UNITS}
+    found = {lw for i, (w, lw) in enumerate(zip(original, lower))
+             if (i > 0 and w[0].isupper()) or lw in UNITS}
+    return found | set(_numbers(lower))
 
 
 def _substituted(a: set[str], b: set[str]) -> bool:

@@ -6,20 +6,20 @@ Fixed (`error_bound=None`): a candidate at similarity `s` answers when
 
 Learned (`error_bound=δ`): every candidate at `s >= floor` is either served
 or verified: the model runs anyway, the fresh answer is returned and
-compared with the stored one, and the outcome (s, wrong) is recorded. The
-rule for serving is
+compared with the stored one, and the outcome (s, wrong) is recorded. A
+candidate is served only when
 
-    serve with probability min(1, δ / u(s)),
-    u(s) = (wrong + Z) / (seen + Z)   over outcomes with similarity in [s - W, s],
+    u(s) = (wrong + Z) / (seen + Z) <= δ   over outcomes with similarity in [s - W, s]
 
-where `u(s)` is a pessimistic estimate of P(wrong | s): outcomes just below
-`s` are at least as risky as `s` when the error falls with similarity, and
-`Z = 3` is the rule-of-three margin (no wrong answer in `seen` trials bounds
-the rate by about 3 / seen at 95%). A served answer is then wrong with
-probability at most `min(1, δ/u) * P(wrong | s) <= δ` whenever `u(s)` bounds
-the true rate; verified answers are always right. Cold, the cache verifies
-almost everything; each verification teaches it, and once about 300
-candidates near `s` have agreed the entries there are served outright.
+(W = 0.02), and then still verified with probability `EXPLORE`. `u(s)` is a
+pessimistic estimate of P(wrong | s): outcomes just below `s` are at least
+as risky as `s` when the error falls with similarity, and `Z = 3` is the
+rule-of-three margin (no wrong answer in `seen` trials bounds the rate by
+about 3 / seen at 95%). Every served answer then comes from a similarity
+whose error rate is bounded by δ, so wrong answers are at most about δ of
+the served ones; verified answers are always right. Cold, the cache
+verifies everything; once about 300 candidates just below `s` have agreed,
+candidates at `s` are served.
 
 Per entry: a verified wrong answer at similarity `s` raises that entry's own
 threshold above `s`, so the same near-miss is never served by it again; an
@@ -31,14 +31,14 @@ modem" answers nothing below 0.93 + 1e-6 from then on.
 from __future__ import annotations
 
 import random
-from collections import deque
 
 import numpy as np
 
 RULE_OF_THREE = 3.0
-WINDOW = 0.05
-MAX_OUTCOMES = 50_000
+WINDOW = 0.02
+NUM_BINS = 400  # outcomes are counted in similarity bins of 1/NUM_BINS
 RAISE = 1e-6
+EXPLORE = 0.02  # share of servable candidates still verified, to keep learning
 
 
 class ThresholdPolicy:
@@ -56,8 +56,8 @@ class ThresholdPolicy:
         self.error_bound = error_bound
         self.floor = min(floor, threshold)
         self.entry_to_threshold: dict[int, float] = {}
-        self.outcomes: deque[tuple[float, bool]] = deque(maxlen=MAX_OUTCOMES)
-        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+        self.seen = np.zeros(NUM_BINS + 1, np.int64)  # outcomes per similarity bin
+        self.wrong = np.zeros(NUM_BINS + 1, np.int64)
         self.random = random.Random(seed)
 
     @property
@@ -79,20 +79,20 @@ class ThresholdPolicy:
             return "miss"
         if self.error_bound is None:
             return "serve"
-        chance = min(1.0, self.error_bound / self.risk(similarity))
-        return "serve" if self.random.random() < chance else "verify"
+        if self.risk(similarity) > self.error_bound or self.random.random() < EXPLORE:
+            return "verify"
+        return "serve"
 
     def risk(self, similarity: float) -> float:
         """u(s): the pessimistic error estimate above (1.0 with no outcomes)."""
-        sims, wrong = self._outcome_arrays()
-        near = (sims <= similarity) & (sims >= similarity - WINDOW)
-        seen, bad = int(near.sum()), int(wrong[near].sum())
+        low, high = _bin(similarity - WINDOW), _bin(similarity) + 1
+        seen, bad = int(self.seen[low:high].sum()), int(self.wrong[low:high].sum())
         return min(1.0, (bad + RULE_OF_THREE) / (seen + RULE_OF_THREE))
 
     def record(self, entry_id: int, similarity: float, wrong: bool) -> None:
         """A verified outcome; a wrong one raises the entry's threshold above it."""
-        self.outcomes.append((similarity, wrong))
-        self._arrays = None
+        self.seen[_bin(similarity)] += 1
+        self.wrong[_bin(similarity)] += wrong
         if wrong:
             raised = max(self.entry_to_threshold.get(entry_id, 0.0), similarity + RAISE)
             self.entry_to_threshold[entry_id] = raised
@@ -100,8 +100,6 @@ class ThresholdPolicy:
     def forget(self, entry_id: int) -> None:
         self.entry_to_threshold.pop(entry_id, None)
 
-    def _outcome_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._arrays is None:
-            pairs = np.array(self.outcomes, dtype=np.float64).reshape(-1, 2)
-            self._arrays = (pairs[:, 0], pairs[:, 1].astype(bool))
-        return self._arrays
+
+def _bin(similarity: float) -> int:
+    return int(min(max(similarity, 0.0), 1.0) * NUM_BINS)
