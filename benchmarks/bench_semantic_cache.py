@@ -162,7 +162,7 @@ def latency(embedder, sizes: list[int], lookups: int, rounds: int, compare: bool
         index = cache.store.index.scope_to_index["s"]
         queries = embedder.embed(texts)
         row = {"entries": size, "build_s": round(built, 1), "rounds": []}
-        for r in range(rounds):
+        for _ in range(rounds):
             full, ann, cpu = [], [], []
             for i in range(lookups + 100):
                 c0, t0 = time.thread_time(), time.perf_counter()

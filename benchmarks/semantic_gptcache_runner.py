@@ -8,7 +8,8 @@ the project does not want):
 
 IN_DIR holds `stream.json` ([[text, label], ...]), `texts.json` and
 `vectors.npy` (the embedding of each text, unit rows). GPTCache is set up as
-its README does (sqlite + faiss, SearchDistanceEvaluation), with our
+its README does (sqlite + faiss, SearchDistanceEvaluation; both files in a
+fresh temporary folder per run, so no run sees another's index), with our
 embedding function, for each of its similarity thresholds; the same protocol
 as semantic_eval: a get that returns an answer is a served hit, right when
 the label matches; otherwise the answer is put.
@@ -26,13 +27,14 @@ from gptcache.manager import CacheBase, VectorBase, get_data_manager
 from gptcache.processor.pre import get_prompt
 from gptcache.similarity_evaluation.distance import SearchDistanceEvaluation
 
-THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.925, 0.95, 0.975, 0.99)
+THRESHOLDS = (0.9, 0.925, 0.95, 0.9625, 0.975, 0.985, 0.995)  # cosine 0.8 ... 0.99
 
 
 def run(stream, table, threshold, workdir):
     cache = Cache()
     dm = get_data_manager(CacheBase("sqlite", sql_url=f"sqlite:///{workdir}/{threshold}.db"),
-                          VectorBase("faiss", dimension=table.dim))
+                          VectorBase("faiss", dimension=table.dim,
+                                     index_path=f"{workdir}/{threshold}.faiss"))
     cache.init(pre_embedding_func=get_prompt, embedding_func=table.embed, data_manager=dm,
                similarity_evaluation=SearchDistanceEvaluation(),
                config=Config(similarity_threshold=threshold))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -90,7 +90,7 @@ class SemanticFront:
             if answer is not None:
                 asyncio.ensure_future(self._learn(found, answer))
 
-    async def _tee(self, chunks: AsyncIterator[Any], found: Lookup, chat: bool,
+    async def _tee(self, chunks: AsyncIterable[Any], found: Lookup, chat: bool,
                    streamed: bool) -> AsyncIterator[Any]:
         seen: list[bytes] = []
         async for chunk in chunks:

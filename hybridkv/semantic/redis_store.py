@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -105,7 +106,7 @@ class RedisStore:
     # ---- internals -----------------------------------------------------------
 
     def _evict(self, count: int) -> None:
-        oldest = self.client.zpopmin(PREFIX + "lru", count)
+        oldest: Any = self.client.zpopmin(PREFIX + "lru", count)
         if oldest:
             self.client.delete(*(PREFIX + f"e:{member.decode()}" for member, _ in oldest))
             self.num_evictions += len(oldest)
@@ -133,7 +134,7 @@ class RedisStore:
         """Apply the additions stream to the local index until `close`."""
         while not self._stop.is_set():
             try:
-                found = self.client.xread({PREFIX + "adds": self._last_id}, count=512,
+                found: Any = self.client.xread({PREFIX + "adds": self._last_id}, count=512,
                                           block=READ_BLOCK_MS)
             except self._errors:
                 self._stop.wait(RETRY_SECONDS)
