@@ -110,7 +110,7 @@ def gptcache(python: str, embedder, families: int, seeds: list[int]) -> list:
             np.save(os.path.join(src, "vectors.npy"), embedder.embed(texts))
             out = os.path.join(src, "out.json")
             subprocess.run([python, os.path.join(HERE, "semantic_gptcache_runner.py"), src, out],
-                           check=True, timeout=3600, capture_output=True)
+                           check=True, timeout=3600, capture_output=True, cwd=src)
             with open(out) as f:
                 per_seed.append(json.load(f))
     return [_sum_gpt([rows[i] for rows in per_seed]) for i in range(len(per_seed[0]))]
