@@ -38,6 +38,7 @@ class SemanticFront:
         self.cache = cache
         self.model_name = model_name
         self.count_tokens = count_tokens
+        self._pending: set[asyncio.Future] = set()  # stores in flight (kept referenced)
 
     async def handle(self, body: dict[str, Any], chat: bool, authorization: str | None,
                      run: Callable[[], Awaitable[Response]]) -> Response:
@@ -88,7 +89,9 @@ class SemanticFront:
         else:
             answer = read_answer(bytes(response.body), chat, streamed)
             if answer is not None:
-                asyncio.ensure_future(self._learn(found, answer))
+                task = asyncio.ensure_future(self._learn(found, answer))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
 
     async def _tee(self, chunks: AsyncIterable[Any], found: Lookup, chat: bool,
                    streamed: bool) -> AsyncIterator[Any]:
