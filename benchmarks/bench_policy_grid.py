@@ -35,18 +35,19 @@ import warnings
 from typing import Any
 
 from grid_report import summarize, write_markdown
+from grid_shapes import VLLM_SHAPES, grid_trace, with_concurrency
+from vllm_policies import manager_settings
 
 from hybridkv import KVCacheManager
 from hybridkv.testing.ideal import ClairvoyantCache, PrefixIndex, reusable_blocks, reuse_ceiling
 from hybridkv.testing.replay import ManagerAdapter, make_config, replay
-from hybridkv.tools.pressure_workloads import WORKLOADS, make_trace
+from hybridkv.tools.pressure_workloads import WORKLOADS
 
 TOKEN_BUDGET = 8192
-FULL_GRID = dict(shapes=list(WORKLOADS), seeds=list(range(6)), block_sizes=[16, 64],
-                 fracs=[0.3, 0.4, 0.5, 0.6, 0.7], windows=[512, 1024, 4096],
-                 kinds=["full", "swa", "mamba"])
-QUICK_GRID = dict(FULL_GRID, seeds=[0, 1], block_sizes=[16], fracs=[0.3, 0.5, 0.7],
-                  windows=[1024])
+FULL_GRID = dict(shapes=list(WORKLOADS) + list(VLLM_SHAPES), seeds=list(range(3)),
+                 block_sizes=[16, 64, 128], fracs=[0.3, 0.5, 0.7], windows=[512, 1024, 4096],
+                 kinds=["full", "swa", "mamba"], concurrency=[1, 2, 4, 8])
+QUICK_GRID = dict(FULL_GRID, seeds=[0, 1, 2], block_sizes=[16, 128], windows=[512])
 
 
 def pool_blocks(kind: str, frac: float, reusable: int, longest: int, block_size: int,
@@ -73,9 +74,10 @@ def ideal_spacings(kind: str, block_size: int, window: int) -> list[int]:
 def run_policy(trace, kind: str, num_blocks: int, block_size: int, window: int,
                policy: str) -> dict[str, Any]:
     config = make_config(kind, num_blocks, block_size=block_size, window=window)
-    manager = KVCacheManager(config, eviction_policy=policy)
-    stats = replay(trace.requests, ManagerAdapter(manager), max_running=trace.max_running,
-                   max_batched_tokens=TOKEN_BUDGET)
+    with manager_settings(policy):
+        manager = KVCacheManager(config, eviction_policy=policy)
+        stats = replay(trace.requests, ManagerAdapter(manager), max_running=trace.max_running,
+                       max_batched_tokens=TOKEN_BUDGET)
     if manager.num_free_blocks != num_blocks - 1:
         raise AssertionError(f"{policy} leaked blocks on {trace.name} seed {trace.seed}")
     return {"hit": round(stats.hit_rate, 5), "preemptions": stats.preemptions}
@@ -99,7 +101,7 @@ def run_ideal(trace, index, kind: str, num_blocks: int, block_size: int,
 def run_task(task: dict[str, Any]) -> list[dict[str, Any]]:
     """Every cell of one (shape, seed, block size): policies and, unless cached, the ideal."""
     warnings.simplefilter("ignore", RuntimeWarning)  # repeated misses are the point here
-    trace = make_trace(task["shape"], task["seed"])
+    trace = with_concurrency(grid_trace(task["shape"], task["seed"]), task["concurrency"])
     bs = task["block_size"]
     index = PrefixIndex(trace.requests, bs)
     reusable = reusable_blocks(index)
@@ -109,9 +111,11 @@ def run_task(task: dict[str, Any]) -> list[dict[str, Any]]:
     for kind, window in task["configs"]:
         for frac in task["fracs"]:
             nb = pool_blocks(kind, frac, reusable, longest, bs, window)
-            key = f"{trace.name}/{trace.seed}/{bs}/{kind}/{window}/{nb}/{fingerprint}"
-            row = {"shape": trace.name, "seed": trace.seed, "block_size": bs, "kind": kind,
-                   "window": window, "frac": frac, "num_blocks": nb, "key": key,
+            key = (f"{trace.name}/{trace.seed}/{bs}/{kind}/{window}/{nb}/{fingerprint}"
+                   f"/c{trace.max_running}")
+            row = {"shape": shape_name(trace.name, task["concurrency"]), "seed": trace.seed,
+                   "block_size": bs, "kind": kind, "window": window, "frac": frac,
+                   "num_blocks": nb, "key": key,
                    "ceiling": round(reuse_ceiling(index), 5)}
             for policy in task["policies"]:
                 row[policy] = run_policy(trace, kind, nb, bs, window, policy)
@@ -119,6 +123,11 @@ def run_task(task: dict[str, Any]) -> list[dict[str, Any]]:
             row["ideal"] = ideal or run_ideal(trace, index, kind, nb, bs, window)
             rows.append(row)
     return rows
+
+
+def shape_name(name: str, concurrency: int) -> str:
+    """A shape on the grid: its name, and the requests in flight where the grid sets them."""
+    return f"{name}/c{concurrency}" if concurrency > 0 else name
 
 
 def parse_list(text: str, cast=str) -> list:
@@ -146,8 +155,10 @@ def build_tasks(grid: dict[str, Any], policies: list[str],
                 ideal_cache: dict[str, Any]) -> list[dict[str, Any]]:
     configs = [(k, w) for k in grid["kinds"] for w in (grid["windows"] if k == "swa" else [0])]
     tasks = [{"shape": s, "seed": seed, "block_size": bs, "configs": configs,
-              "fracs": grid["fracs"], "policies": policies, "ideal_cache": ideal_cache}
-             for s in grid["shapes"] for seed in grid["seeds"] for bs in grid["block_sizes"]]
+              "fracs": grid["fracs"], "policies": policies, "ideal_cache": ideal_cache,
+              "concurrency": c}
+             for s in grid["shapes"] for seed in grid["seeds"] for bs in grid["block_sizes"]
+             for c in (grid["concurrency"] if s in VLLM_SHAPES else [0])]
     tasks.sort(key=lambda t: (t["block_size"], t["shape"] in ("long_doc", "fewshot")),
                reverse=False)
     return tasks[::-1]  # the longest first: better balance over the workers
@@ -160,14 +171,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--policies", default="lru,hybrid")
     ap.add_argument("--plugin", default=None, help="a file registering extra policies")
-    for name in ("shapes", "seeds", "block_sizes", "fracs", "windows", "kinds"):
+    for name in ("shapes", "seeds", "block_sizes", "fracs", "windows", "kinds", "concurrency"):
         ap.add_argument("--" + name.replace("_", "-"), default=None)
     args = ap.parse_args(argv)
     if args.plugin:
         load_plugin(args.plugin)
     grid = dict(QUICK_GRID if args.quick else FULL_GRID)
-    casts = {"seeds": int, "block_sizes": int, "fracs": float, "windows": int}
-    for name in ("shapes", "seeds", "block_sizes", "fracs", "windows", "kinds"):
+    casts = {"seeds": int, "block_sizes": int, "fracs": float, "windows": int,
+             "concurrency": int}
+    for name in ("shapes", "seeds", "block_sizes", "fracs", "windows", "kinds", "concurrency"):
         value = getattr(args, name)
         if value is not None:
             grid[name] = parse_list(value, casts.get(name, str))
