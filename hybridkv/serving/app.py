@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -48,6 +48,7 @@ class ServerState:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     publisher: Any = None  # EventPublisher or None
+    semantic: Any = None  # hybridkv.semantic.front.SemanticFront or None
     created: int = 0
     version: str = ""
 
@@ -143,6 +144,15 @@ def _open_routes(state: ServerState) -> APIRouter:
     return router
 
 
+async def _answer(state: ServerState, body: BaseModel, request: Request, chat: bool,
+                  run: Callable[[], Awaitable[Response]]) -> Response:
+    """`run()`, through the semantic cache when the server has one."""
+    if state.semantic is None:
+        return await run()
+    return await state.semantic.handle(body.model_dump(), chat,
+                                       request.headers.get("authorization"), run)
+
+
 def _api_routes(state: ServerState) -> APIRouter:
     router = APIRouter()
     limit = state.max_body_bytes
@@ -165,7 +175,8 @@ def _api_routes(state: ServerState) -> APIRouter:
     async def completions(request: Request) -> Response:
         auth(request)
         body = await read_body(request, CompletionRequest, limit, workers)
-        return await state.service.completion(body, request)
+        return await _answer(state, body, request, False,
+                             lambda: state.service.completion(body, request))
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

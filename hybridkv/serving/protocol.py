@@ -57,6 +57,7 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     return_token_ids: bool = False
     user: str | None = None
+    semantic_cache: bool | None = None  # false: never answered from the semantic cache
     skip_special_tokens: bool = True
     repetition_penalty: float = Field(default=1.0, gt=0)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)

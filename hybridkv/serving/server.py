@@ -163,6 +163,15 @@ class Publishers:
             p.close()
 
 
+def _semantic_front(args: argparse.Namespace, state: Any) -> Any:
+    """`--semantic-cache`'s front on the server's metrics registry, or None."""
+    from hybridkv.semantic.options import build_front
+
+    tokenizer = state.prompts.tokenizer
+    count = (lambda text: len(tokenizer.encode(text))) if tokenizer is not None else None
+    return build_front(args, state.model_name, state.metrics.registry, count)
+
+
 def run_server(args: argparse.Namespace) -> int:
     """Serve until SIGTERM / SIGINT; returns the exit code. ValueError for bad options."""
     _check_args(args)
@@ -186,6 +195,7 @@ def run_server(args: argparse.Namespace) -> int:
 
     for line in startup_summary(llm, model_name, context_len, args.eviction_policy).split("\n"):
         logger.info("%s", line)
+    state.semantic = _semantic_front(args, state)
     app: Any = build_app(state)
     if args.access_log:
         from hybridkv.serving.access_log import AccessLog

@@ -165,9 +165,11 @@ def _run_bench(args: argparse.Namespace) -> int:
 # ---- serve ------------------------------------------------------------------
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
+    from hybridkv.semantic.options import add_semantic_arguments
     from hybridkv.serving.options import add_serve_arguments
 
     add_serve_arguments(p)
+    add_semantic_arguments(p)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -179,9 +181,11 @@ def _run_serve(args: argparse.Namespace) -> int:
 # ---- route ------------------------------------------------------------------
 
 def _route_args(p: argparse.ArgumentParser) -> None:
+    from hybridkv.semantic.options import add_semantic_arguments
     from hybridkv.serving.router.server import add_route_arguments
 
     add_route_arguments(p)
+    add_semantic_arguments(p)
 
 
 def _run_route(args: argparse.Namespace) -> int:

@@ -123,6 +123,7 @@ class RouterApp:
         self.metrics.backends = self.backends
         self.metrics.store = self.store
         self.metrics.streams = self.streams
+        self.semantic: Any = None  # hybridkv.semantic.front.SemanticFront (fleet-wide)
 
     def _joined(self, backend) -> None:
         if backend.zmq_events:
@@ -340,10 +341,25 @@ def build_app(state: RouterApp) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await state.forward(request, "/v1/completions")
+        return await _answer(state, request, "/v1/completions")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await state.forward(request, "/v1/chat/completions")
+        return await _answer(state, request, "/v1/chat/completions")
 
     return app
+
+
+async def _answer(state: RouterApp, request: Request, path: str) -> Response:
+    """Forward the request, through the fleet-wide semantic cache when there is one."""
+    run = lambda: state.forward(request, path)  # noqa: E731
+    if state.semantic is None:
+        return await run()
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        return await run()  # forward answers the 400
+    if not isinstance(body, dict):
+        return await run()
+    return await state.semantic.handle(body, path.endswith("chat/completions"),
+                                       request.headers.get("authorization"), run)

@@ -45,6 +45,13 @@ def add_route_arguments(p: argparse.ArgumentParser) -> None:
                    choices=["critical", "error", "warning", "info", "debug"])
 
 
+def _semantic_front(args: argparse.Namespace, state) -> object:
+    """`--semantic-cache`'s fleet-wide front on the router's registry, or None."""
+    from hybridkv.semantic.options import build_front
+
+    return build_front(args, "", state.metrics.registry)
+
+
 def run_router(args: argparse.Namespace) -> int:
     """Serve until SIGTERM / SIGINT. ValueError for bad options."""
     from hybridkv.serving.router.policy import check_balance
@@ -85,6 +92,7 @@ def run_router(args: argparse.Namespace) -> int:
                       check_interval=args.check_interval, kv_store_url=args.kv_store,
                       backend_api_key=args.backend_api_key,
                       kv_event_sources=sources, tokenizer_dir=args.tokenizer)
+    state.semantic = _semantic_front(args, state)
     uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False)
     return 0
