@@ -176,7 +176,7 @@ class BackgroundWriter:
         if not self._closed:
             self.guard.warn_once("dropped", f"kv store {self.guard.store.describe()}: the "
                                             f"writer's backlog is full (max_pending_bytes="
-                                            f"{self.max_pending_bytes}); evicted blocks are "
+                                            f"{self.max_pending_bytes}); blocks to write are "
                                             f"dropped instead of stored (counted in "
                                             f"dropped_blocks)")
 
