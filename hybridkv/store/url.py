@@ -123,7 +123,7 @@ def open_store(url: str | KVStore) -> KVStore:
     u = parse_store_url(url)
     shared = u.options.get("shared")
     flag = None if shared is None else parse_flag(shared, "shared")
-    store = _open(u)
+    store = _open(u, bool(flag))
     if flag is not None:
         store.shared = flag
     return store
@@ -139,7 +139,7 @@ def parse_flag(text: str, what: str) -> bool:
     raise ValueError(f"kv store option {what}={text!r}: use 1 or 0")
 
 
-def _open(u: StoreURL) -> KVStore:
+def _open(u: StoreURL, shared: bool) -> KVStore:
     if u.scheme == "cpu":
         from hybridkv.store.cpu import CpuStore
 
@@ -151,7 +151,7 @@ def _open(u: StoreURL) -> KVStore:
             "object_bytes": parse_size(object_size, "file object_size")}
         from hybridkv.store.file import FileStore
 
-        return FileStore(u.path, size, **kwargs)
+        return FileStore(u.path, size, shared=shared, **kwargs)
     timeout = u.options.get("timeout", "1.0")
     try:
         seconds = float(timeout)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -200,3 +201,32 @@ def test_shared_writes_follow_the_store_and_the_url():
     assert not open_store("redis://127.0.0.1:1/0?shared=0").shared
     with pytest.raises(ValueError, match="shared"):
         open_store("redis://127.0.0.1:1/0?shared=maybe")
+
+
+def test_a_shared_directory_serves_blocks_another_store_wrote_after_it_opened(tmp_path):
+    from hybridkv.store.file import RESCAN_SECONDS, FileStore
+
+    a = FileStore(str(tmp_path), 1 << 20, shared=True)
+    b = FileStore(str(tmp_path), 1 << 20, shared=True)
+    a.put([b"k1", b"k2"], [b"v1", b"v2"])  # written as an object at once (shared)
+    time.sleep(RESCAN_SECONDS * 1.2)
+    assert b.contains([b"k1", b"k2", b"k3"]) == [True, True, False]
+    assert b.get([b"k1", b"k2"]) == [b"v1", b"v2"]
+    lone = FileStore(str(tmp_path / "lone"), 1 << 20)
+    lone.put([b"k"], [b"v"])
+    assert not os.listdir(tmp_path / "lone"), "unshared: blocks wait for a full object"
+
+
+def test_engines_on_a_shared_directory_reuse_what_the_other_holds(tmp_path):
+    first, again = documents(seed=5, num_docs=1)
+    url = f"file://{tmp_path}/kv?size=64MiB&shared=1"
+    a = LLM("gemma3-tiny", block_size=BLOCK, num_blocks=512, kv_store=url)
+    b = LLM("gemma3-tiny", block_size=BLOCK, num_blocks=512, kv_store=url)
+    a.generate(first, PARAMS)
+    a.flush_kv_store()
+    time.sleep(0.6)  # b reads the directory again when a key is missing
+    out = b.generate(again, PARAMS)[0]
+    ref = LLM("gemma3-tiny", enable_prefix_caching=False, block_size=BLOCK, num_blocks=512)
+    assert out.output_token_ids == ref.generate(again, PARAMS)[0].output_token_ids
+    align = ref.kv.coordinator.alignment
+    assert out.num_external_cached_tokens >= (len(again[0]) - 5) // align * align
