@@ -19,8 +19,10 @@ writes and without, alternating, `--repeats` times after a warm-up; each run
 gets a fresh engine and an emptied Redis (so every run writes everything).
 Reported: median tokens/s (prompt + output), min-max, the ratio of medians,
 the same per CPU second of this process (the engine and its writer thread:
-less disturbed by other work on the machine), and the load average before
-and after.
+less disturbed by other work on the machine), the share of the engine
+thread's CPU time spent in the tier's step hooks (where shared writes pick
+and copy blocks) and the writer thread's CPU time, and the load average
+before and after.
 
     python benchmarks/bench_store_shared.py --out /tmp/shared-bench
     python benchmarks/bench_store_shared.py --out /tmp/shared-bench --quick
@@ -100,21 +102,43 @@ def reuse(name: str, url: str, args, client) -> dict:
             "first_dropped_blocks": stats.dropped_blocks}
 
 
-def one_run(name: str, url: str, prompts, params, client) -> tuple[float, float, int]:
-    """(seconds, CPU seconds of this process, tokens) of one batch on a fresh
-    engine and an empty Redis."""
+def timed(fn, totals: list[float]):
+    """`fn` adding its engine-thread CPU seconds to totals[0]."""
+    def wrapper(*args, **kwargs):
+        t0 = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[0] += time.thread_time() - t0
+    return wrapper
+
+
+def one_run(name: str, url: str, prompts, params, client) -> dict:
+    """One batch on a fresh engine and an empty Redis: wall and CPU seconds,
+    tokens, and the CPU seconds of the tier's step hooks on the engine's
+    thread (`hook_cpu_s`: before_step, after_step, extend_hit) and of its
+    writer thread (`writer_cpu_s`)."""
     client.flushall()
     llm = LLM(name, block_size=BLOCK, kv_store=url)
     llm.generate([prompts[0][:32]], SamplingParams(max_tokens=1))  # first step warm
     llm.flush_kv_store()
     client.flushall()
-    start, cpu = time.perf_counter(), time.process_time()
+    tier, hooks = llm.tier, [0.0]
+    assert tier is not None
+    for hook in ("before_step", "after_step", "extend_hit"):
+        setattr(tier, hook, timed(getattr(tier, hook), hooks))
+    writer0 = tier.writer.cpu_seconds
+    start, cpu, thread = time.perf_counter(), time.process_time(), time.thread_time()
     outs = llm.generate(prompts, params)
+    thread = time.thread_time() - thread
     llm.flush_kv_store()
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     tokens = sum(len(o.prompt_token_ids) + len(o.output_token_ids) for o in outs)
+    written = tier.stats().written_blocks
     llm.close()
-    return seconds, cpu, tokens
+    return {"seconds": seconds, "cpu_s": cpu, "tokens": tokens, "engine_cpu_s": thread,
+            "hook_cpu_s": hooks[0], "writer_cpu_s": tier.writer.cpu_seconds - writer0,
+            "written_blocks": written}
 
 
 def throughput(name: str, base: str, args, client) -> dict:
@@ -125,15 +149,17 @@ def throughput(name: str, base: str, args, client) -> dict:
     arms = {"shared_writes": base, "write_on_evict": base + "?shared=0"}
     runs: dict[str, list[float]] = {arm: [] for arm in arms}
     per_cpu: dict[str, list[float]] = {arm: [] for arm in arms}
+    details: dict[str, list[dict]] = {arm: [] for arm in arms}
     for url in arms.values():  # warm-up, not counted
         one_run(name, url, prompts, params, client)
     load_before = os.getloadavg()
     for r in range(args.repeats):
         order = list(arms) if r % 2 == 0 else list(arms)[::-1]
         for arm in order:
-            seconds, cpu, tokens = one_run(name, arms[arm], prompts, params, client)
-            runs[arm].append(tokens / seconds)
-            per_cpu[arm].append(tokens / cpu)
+            run = one_run(name, arms[arm], prompts, params, client)
+            runs[arm].append(run["tokens"] / run["seconds"])
+            per_cpu[arm].append(run["tokens"] / run["cpu_s"])
+            details[arm].append(run)
     load_after = os.getloadavg()
     med = {arm: statistics.median(v) for arm, v in runs.items()}
     cpu_med = {arm: statistics.median(v) for arm, v in per_cpu.items()}
@@ -142,6 +168,12 @@ def throughput(name: str, base: str, args, client) -> dict:
             "ratio_of_medians": med["shared_writes"] / med["write_on_evict"],
             "tokens_per_cpu_s": per_cpu, "cpu_median": cpu_med,
             "cpu_ratio_of_medians": cpu_med["shared_writes"] / cpu_med["write_on_evict"],
+            "runs": details,
+            "hook_share_of_engine_cpu": {
+                arm: statistics.median(r["hook_cpu_s"] / r["engine_cpu_s"] for r in rs)
+                for arm, rs in details.items()},
+            "writer_cpu_s": {arm: statistics.median(r["writer_cpu_s"] for r in rs)
+                             for arm, rs in details.items()},
             "loadavg_before": load_before, "loadavg_after": load_after}
 
 
@@ -187,8 +219,9 @@ def report(name: str, res: dict) -> None:
     t = res["throughput"]
     print(f"{name} throughput tok/s median {t['median']} spread {t['spread']} "
           f"ratio {t['ratio_of_medians']:.3f}; per CPU s median {t['cpu_median']} ratio "
-          f"{t['cpu_ratio_of_medians']:.3f}; load {t['loadavg_before']} -> "
-          f"{t['loadavg_after']}")
+          f"{t['cpu_ratio_of_medians']:.3f}; tier hooks' share of the engine thread's CPU "
+          f"{t['hook_share_of_engine_cpu']}, writer CPU s {t['writer_cpu_s']}; load "
+          f"{t['loadavg_before']} -> {t['loadavg_after']}")
 
 
 if __name__ == "__main__":

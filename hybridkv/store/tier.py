@@ -315,6 +315,8 @@ class KVTier:
             self._stats.groups[g].load_seconds += time.perf_counter() - t0
             for j in js:
                 loaded[j] = True
+            if self.shared is not None:  # (the store has them: never written back)
+                self.shared.note_written(g, [slots[j].block_hash for j in js])
             stats = self._stats.groups[g]
             stats.loaded_blocks += len(js)
             stats.loaded_tokens += len(js) * self.managers[g].block_size
