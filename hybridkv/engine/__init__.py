@@ -2,7 +2,12 @@
 
 from hybridkv.engine.chat import render_chat
 from hybridkv.engine.llm import LLM, EngineStats
-from hybridkv.engine.sampling import RequestMetrics, RequestOutput, SamplingParams
+from hybridkv.engine.sampling import (
+    RequestMetrics,
+    RequestOutput,
+    SamplingParams,
+    TokenLogprobs,
+)
 
 __all__ = ["LLM", "EngineStats", "RequestMetrics", "RequestOutput", "SamplingParams",
-           "render_chat"]
+           "TokenLogprobs", "render_chat"]

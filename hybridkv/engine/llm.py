@@ -14,12 +14,12 @@ import torch
 
 from hybridkv.engine.chat import render_conversations
 from hybridkv.engine.executor import ModelExecutor
+from hybridkv.engine.logprobs import PromptRows, add_prompt_logprobs, forward_with_rows, prompt_rows
+from hybridkv.engine.outputs import OutputProcessor
 from hybridkv.engine.sampling import (
-    RequestMetrics,
     RequestOutput,
     Sampler,
     SamplingParams,
-    find_stop_string,
 )
 from hybridkv.engine.scheduler import ScheduledSeq, Scheduler, SeqState
 from hybridkv.engine.tokenizer import load_tokenizer
@@ -105,6 +105,7 @@ class LLM:
         if poison_kv_cache:
             self.kv.on_stale_blocks(self._poison_blocks)
         self.sampler = Sampler(seed)
+        self.outputs = OutputProcessor(self.sampler, self.tokenizer, self.runner)
         self._counter = 0
 
     def _kv_cache_config(self, block_size: int, num_blocks: int | None,
@@ -151,7 +152,7 @@ class LLM:
                 progress.update(done)
         if progress is not None:
             progress.close()
-        return [self._output(seq) for seq in seqs]
+        return [self.outputs.request_output(seq) for seq in seqs]
 
     def chat(self, messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -167,18 +168,58 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def step(self) -> int:
-        """Schedule and run one step; return how many requests finished."""
+        """Schedule and run one step; return how many requests finished.
+
+        A failure while handling one request (its KV cache lookup, logits
+        extras, sampling, logprobs, detokenizing, stop strings) ends that
+        request alone: finish_reason "error", `error` naming the cause, its
+        blocks freed. A failure of the whole batch (the model forward) raises.
+        """
+        num_failed = self.scheduler.stats.failed
         batch = self.scheduler.schedule()
+        num_failed = self.scheduler.stats.failed - num_failed
         if not batch:
+            if num_failed:
+                return num_failed
             raise RuntimeError("no request could be scheduled although the pool was checked; "
                                "this is a bug")
         if self.tier is not None:
             self.tier.before_step()  # evicted blocks leave before the step overwrites them
-        logits = self.executor.execute(batch, self.kv)
+        rows = prompt_rows(batch)
+        logits, row_logits = self._execute(batch, rows)
         if self.tier is not None:
             self.tier.after_step()
         self.scheduler.finish_step(batch)
-        return self._sample(batch, logits)
+        num_failed += self._add_prompt_logprobs(rows, row_logits)
+        return num_failed + self._sample(batch, logits)
+
+    def _execute(self, batch: list[ScheduledSeq], rows: list[PromptRows]
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sampling logits [S, vocab], and those of the prompt-logprob rows."""
+        if not rows:
+            return self.executor.execute(batch, self.kv), None
+        with forward_with_rows(self.executor, [i for r in rows for i in r.flat_indices]) as tap:
+            logits = self.executor.execute(batch, self.kv)
+        return logits, tap.extra_logits
+
+    def _add_prompt_logprobs(self, rows: list[PromptRows], logits: torch.Tensor | None) -> int:
+        """Fill prompt logprobs from `logits` [rows, vocab]; return how many failed."""
+        start = num_failed = 0
+        for r in rows:
+            assert logits is not None
+            part = logits[start:start + len(r.flat_indices)]
+            start += len(r.flat_indices)
+            try:
+                add_prompt_logprobs(r, part)
+            except Exception as error:
+                num_failed += self._fail(r.seq, "prompt logprobs", error)
+        return num_failed
+
+    def _fail(self, seq: SeqState, stage: str, error: Exception) -> int:
+        """End `seq` alone with finish_reason "error"; return 1."""
+        self.scheduler.fail(seq, f"{stage} failed: {type(error).__name__}: {error}")
+        self.sampler.forget(seq.request_id)
+        return 1
 
     def _poison_blocks(self, block_ids: list[int]) -> None:
         if self.tier is not None:
@@ -187,59 +228,34 @@ class LLM:
 
     def _sample(self, batch: list[ScheduledSeq], logits: torch.Tensor) -> int:
         finished = 0
-        row = 0
+        row = -1
         now = None
         for item in batch:
             if not item.samples:
                 continue
-            seq, req = item.seq, item.seq.request
-            token = self.sampler.sample(logits[row], seq.request_id, seq.params, seq.index)
             row += 1
-            req.append_output_token_ids(token)
+            seq = item.seq
+            if seq.finish_reason is not None:  # failed earlier in this step
+                continue
+            try:
+                token = self.outputs.next_token(seq, logits[row])
+            except Exception as error:
+                finished += self._fail(seq, "sampling", error)
+                continue
             if seq.first_token_time is None:
                 now = now or time.perf_counter()
                 seq.first_token_time = now
-            reason = self._stop_reason(seq, token)
+            try:
+                reason = self.outputs.stop_reason(seq, token)
+            except Exception as error:
+                finished += self._fail(seq, "stop check", error)
+                continue
             if reason is not None:
                 seq.finished_time = time.perf_counter()
                 self.scheduler.finish(seq, reason)
                 self.sampler.forget(seq.request_id)
                 finished += 1
         return finished
-
-    def _stop_reason(self, seq: SeqState, token: int) -> str | None:
-        params = seq.params
-        if not params.ignore_eos and token in self.runner.eos_token_ids:
-            return "stop"
-        if token in params.stop_token_ids:
-            seq.stop_reason = token
-            return "stop"
-        if params.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(seq.request.output_token_ids, skip_special_tokens=True)
-            found = find_stop_string(text, params.stop)
-            if found is not None:
-                seq.stop_reason = found[1]
-                return "stop"
-        if seq.num_output_tokens >= params.max_tokens:
-            return "length"
-        if seq.request.num_tokens >= self.runner.max_model_len:
-            return "length"
-        return None
-
-    def _output(self, seq: SeqState) -> RequestOutput:
-        req = seq.request
-        out = RequestOutput(req.request_id, req.prompt_token_ids, req.output_token_ids,
-                            max(seq.num_cached_tokens, 0), seq.finish_reason,
-                            stop_reason=seq.stop_reason,
-                            num_external_cached_tokens=seq.num_external_cached_tokens)
-        if seq.first_token_time is not None and seq.finished_time is not None:
-            out.metrics = RequestMetrics(seq.arrival_time, seq.first_token_time,
-                                         seq.finished_time)
-        if self.tokenizer is not None:
-            out.text = self.tokenizer.decode(out.output_token_ids, skip_special_tokens=True)
-            if isinstance(seq.stop_reason, str):  # the text ends before the stop string
-                out.text = out.text[:out.text.find(seq.stop_reason)]
-        return out
 
     # ---- one request at a time (serving) --------------------------------------
 
@@ -336,6 +352,10 @@ class LLM:
             raise ValueError(f"prompt {i}: {error}") from None
 
     def _check_fits(self, i: int, ids: list[int], params: SamplingParams) -> None:
+        for token in params.logit_bias or ():
+            if token >= self.runner.vocab_size:
+                raise ValueError(f"prompt {i}: SamplingParams.logit_bias has token id {token}, "
+                                 f"outside the vocabulary (size {self.runner.vocab_size})")
         if params.stop and self.tokenizer is None:
             raise ValueError(f"prompt {i}: stop strings {list(params.stop)} need a tokenizer, "
                              f"which this model lacks; use stop_token_ids")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +26,24 @@ class SamplingParams:
     ids). `n`: samples per prompt (`LLM.generate` returns n outputs per
     prompt, consecutive; sample i uses seed `seed + i`). Bad values raise
     ValueError naming the field.
+
+    vLLM's extras, with vLLM's meaning (applied in this order, before
+    temperature, top-k and top-p; greedy included):
+    `min_tokens`: EOS and `stop_token_ids` cannot be sampled, and stop
+    strings do not end the output, before that many output tokens.
+    `logit_bias`: token id -> bias in [-100, 100] added to its logit (a dict;
+    kept as a read-only `LogitBias` mapping so the params stay hashable).
+    `repetition_penalty` (> 0): the logit of every token seen in the prompt
+    or the output is divided by it when positive, multiplied when negative.
+    `frequency_penalty`, `presence_penalty` (in [-2, 2], OpenAI's formula,
+    output tokens only): logit -= frequency * count + presence * (count > 0).
+    `logprobs`: None, or k in [0, 20]: each sampled token's logprob and rank
+    plus the k most likely alternatives; `prompt_logprobs` the same for
+    every prompt token after the first (such a request computes its whole
+    prompt: it takes no prefix-cache hit itself). Logprobs are those of the
+    RAW model distribution, log_softmax of the logits before penalties, bias
+    and temperature (vLLM's default `logprobs_mode="raw_logprobs"`).
+    `skip_special_tokens`: drop special tokens from the detokenized text.
     """
 
     max_tokens: int = 16
@@ -36,6 +55,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     n: int = 1
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    logit_bias: Mapping[int, float] | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         check_int("SamplingParams.max_tokens", self.max_tokens, 1)
@@ -51,6 +78,90 @@ class SamplingParams:
         check_int("SamplingParams.n", self.n, 1)
         object.__setattr__(self, "stop", _stop_strings(self.stop))
         object.__setattr__(self, "stop_token_ids", _stop_token_ids(self.stop_token_ids))
+        self._check_extras()
+
+    def _check_extras(self) -> None:
+        rep = self.repetition_penalty
+        if not _is_number(rep) or not 0 < rep < math.inf:
+            raise ValueError(f"SamplingParams.repetition_penalty must be > 0, got {rep!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2 <= value <= 2:
+                raise ValueError(f"SamplingParams.{name} must be a number in [-2, 2], "
+                                 f"got {value!r}")
+        check_int("SamplingParams.min_tokens", self.min_tokens, 0, self.max_tokens,
+                  " (at most max_tokens)")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                check_int(f"SamplingParams.{name}", getattr(self, name), 0, MAX_LOGPROBS,
+                          " or None")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise ValueError(f"SamplingParams.skip_special_tokens must be a bool, "
+                             f"got {self.skip_special_tokens!r}")
+        if self.logit_bias is not None:
+            object.__setattr__(self, "logit_bias", LogitBias(self.logit_bias))
+
+    @property
+    def has_logits_processing(self) -> bool:
+        """Whether anything changes the logits before sampling (greedy stays argmax
+        of the raw logits otherwise)."""
+        return bool(self.repetition_penalty != 1 or self.presence_penalty
+                    or self.frequency_penalty or self.min_tokens or self.logit_bias)
+
+
+MAX_LOGPROBS = 20  # the most alternatives `logprobs` / `prompt_logprobs` may ask for
+
+
+class LogitBias(Mapping[int, float]):
+    """A read-only, hashable token id -> bias map (what `SamplingParams.logit_bias`
+    holds). ValueError naming the entry for an id that is no int >= 0 or a bias
+    outside [-100, 100]."""
+
+    def __init__(self, bias: object) -> None:
+        if not isinstance(bias, Mapping):
+            raise ValueError(f"SamplingParams.logit_bias must be a dict of token id -> "
+                             f"bias, got {bias!r}")
+        for token, value in bias.items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"SamplingParams.logit_bias keys must be token ids "
+                                 f"(ints >= 0), got {token!r}")
+            if not _is_number(value) or not -100 <= value <= 100:
+                raise ValueError(f"SamplingParams.logit_bias[{token}] must be a number in "
+                                 f"[-100, 100], got {value!r}")
+        self._items = tuple(sorted((int(t), float(v)) for t, v in bias.items()))
+        self._map = dict(self._items)
+
+    def __getitem__(self, token: int) -> float:
+        return self._map[token]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self._items) == dict(other.items())
+
+    def __repr__(self) -> str:
+        return f"LogitBias({self._map!r})"
+
+
+class TokenLogprobs(NamedTuple):
+    """Logprobs at one position: the chosen token's (sampled, or the prompt's
+    token), its 1-based rank (how many tokens are at least as likely, itself
+    included) and the `k` most likely tokens, most likely first.
+
+    TokenLogprobs(token_id=7, logprob=-0.2, rank=1, top=((7, -0.2), (3, -2.1)))
+    """
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...]
 
 
 def _is_number(value: object) -> bool:
@@ -106,12 +217,16 @@ class RequestOutput:
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
-    finish_reason: str | None = None  # "stop" (EOS, a stop string or token), "length", "abort"
+    # "stop" (EOS, a stop string or token), "length", "abort", "error" (see `error`)
+    finish_reason: str | None = None
     text: str | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     metrics: RequestMetrics | None = None
     # of num_cached_tokens (every reused prompt token), those a KV store supplied
     num_external_cached_tokens: int = 0
+    error: str | None = None  # why this request failed alone (finish_reason "error")
+    logprobs: list[TokenLogprobs] | None = None  # one per output token, when asked
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # first entry None, when asked
 
 
 class Sampler:

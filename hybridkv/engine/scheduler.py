@@ -9,13 +9,14 @@ blocks usually make that cheap). The manager decides what is reused.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hybridkv.engine.sampling import SamplingParams
+from hybridkv.engine.sampling import SamplingParams, TokenLogprobs
 from hybridkv.kv_cache.checks import check_int
-from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.kv_cache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from hybridkv.kv_cache.request import Request
 
 if TYPE_CHECKING:
@@ -31,8 +32,14 @@ class SeqState:
     index: int  # position in the generate() call
     num_cached_tokens: int = -1  # prefix hit at first admission (-1: not admitted yet)
     num_external_cached_tokens: int = 0  # of those, reused because a KV store held them
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    error: str | None = None  # what failed while handling this request alone
+    # one per sampled output token when params.logprobs is not None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # one per prompt token (the first None) when params.prompt_logprobs is not None;
+    # complete by the time the first output token is sampled
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_preemptions: int = 0
     # time.perf_counter() at the generate() call, the first sampled token, the finish
     arrival_time: float = 0.0
@@ -71,6 +78,7 @@ class SchedulerStats:
     cached_tokens: int = 0
     external_cached_tokens: int = 0
     max_running: int = 0
+    failed: int = 0  # requests ended with finish_reason "error"
     usage_trace: list[float] = field(default_factory=list)  # pool usage after each schedule
     tokens_trace: list[int] = field(default_factory=list)  # tokens of the scheduled sequences
 
@@ -128,15 +136,14 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             req = seq.request
-            blocks, hit = self.kv.get_computed_blocks(req)
-            if self.tier is not None:
-                tier_hit = self.tier.extend_hit(req, blocks, hit, budget, bool(self.running))
-                if tier_hit.must_wait:  # the store's longer hit does not fit yet
-                    break
-                blocks, hit = tier_hit.blocks, tier_hit.num_tokens
-                if seq.num_cached_tokens < 0:  # (imports stay in the pool if it must wait)
-                    seq.num_external_cached_tokens = max(seq.num_external_cached_tokens,
-                                                         tier_hit.num_external_tokens)
+            try:
+                found = self._lookup(seq, budget)
+            except Exception as error:  # a store failing on this request fails it alone
+                self.fail(seq, f"KV cache lookup failed: {type(error).__name__}: {error}")
+                continue
+            if found is None:  # the store's longer hit does not fit yet
+                break
+            blocks, hit = found
             n = min(req.num_tokens - hit, budget)
             if self.kv.allocate_slots(req, n, hit, blocks if hit else None) is None:
                 break
@@ -153,6 +160,25 @@ class Scheduler:
             budget -= n
         return budget
 
+    def _lookup(self, seq: SeqState, budget: int) -> tuple[KVCacheBlocks | None, int] | None:
+        """(blocks, tokens) of the prefix `seq` can reuse, from the pool and the
+        store; None when the store's longer hit must wait for room. A request
+        that still needs its prompt logprobs reuses nothing (it computes every
+        prompt position)."""
+        req = seq.request
+        if seq.params.prompt_logprobs is not None and seq.num_output_tokens == 0:
+            return None, 0
+        blocks, hit = self.kv.get_computed_blocks(req)
+        if self.tier is None:
+            return blocks, hit
+        tier_hit = self.tier.extend_hit(req, blocks, hit, budget, bool(self.running))
+        if tier_hit.must_wait:
+            return None
+        if seq.num_cached_tokens < 0:  # (imports stay in the pool if it must wait)
+            seq.num_external_cached_tokens = max(seq.num_external_cached_tokens,
+                                                 tier_hit.num_external_tokens)
+        return tier_hit.blocks, tier_hit.num_tokens
+
     def _preempt_last(self) -> SeqState:
         victim = self.running.pop()
         self.kv.free(victim.request)
@@ -168,18 +194,37 @@ class Scheduler:
             item.seq.request.num_computed_tokens = item.num_computed + item.num_new
 
     def finish(self, seq: SeqState, reason: str) -> None:
-        """A request is done: free its blocks (cached ones stay reusable)."""
+        """A running request is done: free its blocks (cached ones stay reusable)."""
         seq.finish_reason = reason
         self.running.remove(seq)
         self.kv.free(seq.request)
 
+    def fail(self, seq: SeqState, message: str) -> None:
+        """End a waiting or running request with finish_reason "error" and
+        `seq.error = message`, freeing what it holds; the others go on."""
+        seq.error = message
+        seq.finished_time = time.perf_counter()
+        self.stats.failed += 1
+        self._drop(seq, "error")
+
     def abort(self, request_id: str) -> SeqState | None:
-        """Drop a waiting or running request, freeing its blocks; None if unknown."""
+        """Drop a waiting (never admitted, or preempted) or running (prefilling
+        or decoding) request, freeing the blocks it holds; None when no
+        unfinished request has that id (unknown, finished, aborted already)."""
         for queue in (self.waiting, self.running):
             for seq in queue:
                 if seq.request_id == request_id:
-                    queue.remove(seq)
-                    seq.finish_reason = "abort"
-                    self.kv.free(seq.request)
+                    self._drop(seq, "abort")
                     return seq
         return None
+
+    def _drop(self, seq: SeqState, reason: str) -> None:
+        # Invariant: a running request holds blocks; a waiting one holds none
+        # (admission allocates as it moves a request to running; preemption
+        # frees as it moves one back).
+        if seq in self.running:
+            self.running.remove(seq)
+            self.kv.free(seq.request)
+        else:
+            self.waiting.remove(seq)
+        seq.finish_reason = reason
