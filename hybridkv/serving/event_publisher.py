@@ -7,7 +7,10 @@ of a run is `AllBlocksCleared` (a fresh instance holds nothing), and so is
 the first entry after batches were dropped, so a consumer's view is never
 more than what the instance holds. Key `hybridkv:instance:<instance-id>`:
 the instance's KV cache layout JSON (`/v1/kv_cache_layout` plus `url`),
-written at every (re)connection and deleted on a clean shutdown.
+written at every (re)connection and deleted on a clean shutdown. It expires
+`ttl_seconds` after the last heartbeat (the publisher rewrites it every
+`heartbeat_seconds`), so an instance that dies or hangs leaves the registry
+on its own.
 
 The engine thread only appends to a bounded queue; a background thread does
 the network I/O. A Redis that is down costs a warning (once) and retries,
@@ -20,6 +23,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +34,7 @@ logger = logging.getLogger("hybridkv.serving")
 
 STREAM_PREFIX = "hybridkv:events:"
 INSTANCE_PREFIX = "hybridkv:instance:"
+DEFAULT_TTL_SECONDS = 30.0
 
 
 def stream_key(instance_id: str) -> str:
@@ -50,12 +55,17 @@ class EventPublisher:
         on_published: called with (batches published, batches dropped).
         max_pending: batches queued before new ones are dropped.
         maxlen: approximate length the stream is trimmed to.
+        ttl_seconds: the instance key expires this long after the last heartbeat.
+        heartbeat_seconds: how often the instance key is rewritten.
     """
 
     def __init__(self, url: str, instance_id: str, layout: dict[str, Any], *,
                  on_published: Callable[[int, int], None] | None = None,
                  max_pending: int = 4096, maxlen: int = 100_000,
-                 retry_seconds: float = 1.0) -> None:
+                 retry_seconds: float = 1.0, ttl_seconds: float = DEFAULT_TTL_SECONDS,
+                 heartbeat_seconds: float | None = None) -> None:
+        if not ttl_seconds > 0:
+            raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds!r}")
         import redis  # imported here: only servers started with --events need it
 
         self._redis = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
@@ -68,6 +78,9 @@ class EventPublisher:
         self._on_published = on_published or (lambda published, dropped: None)
         self._maxlen = maxlen
         self._retry = retry_seconds
+        self._ttl_ms = max(1, int(ttl_seconds * 1000))
+        self._heartbeat = ttl_seconds / 3 if heartbeat_seconds is None else heartbeat_seconds
+        self._next_beat = 0.0
         self._stop = threading.Event()
         self._reset_next_batch = False  # engine side: batches were dropped at the queue
         self._reset_next_send = False  # publisher side: batches were lost in a failed send
@@ -124,8 +137,14 @@ class EventPublisher:
                     return
 
     def _take(self) -> tuple[list[list[BlockEvent]], bool]:
-        """Block for one batch, then take every batch already queued."""
-        first = self._queue.get()
+        """Block for one batch (or until the next heartbeat is due), then take
+        every batch already queued."""
+        while True:
+            try:
+                first = self._queue.get(timeout=max(0.0, self._next_beat - time.monotonic()))
+                break
+            except queue.Empty:
+                self._beat()
         if first is None:
             return [], True
         batches = [first]
@@ -144,9 +163,9 @@ class EventPublisher:
             reset: list[BlockEvent] = [AllBlocksCleared()]
             batches = [reset, *batches]
         try:
-            if not self._connected:
-                self._redis.set(self.key, self.layout_json)
             pipe = self._redis.pipeline(transaction=False)
+            if not self._connected or time.monotonic() >= self._next_beat:
+                pipe.set(self.key, self.layout_json, px=self._ttl_ms)
             for batch in batches:
                 pipe.xadd(self.stream, {"m": encode_events(batch)}, maxlen=self._maxlen,
                           approximate=True)
@@ -157,9 +176,21 @@ class EventPublisher:
         if not self._connected:
             logger.info("publishing block events to %s (stream %s)", self.url, self.stream)
         self._connected = True
+        self._next_beat = time.monotonic() + self._heartbeat
         self._reset_next_send = False
         self._on_published(len(batches), 0)
         return True
+
+    def _beat(self) -> None:
+        """Rewrite the instance key with a fresh expiry (while connected; a failed
+        send reconnects, which writes it)."""
+        self._next_beat = time.monotonic() + self._heartbeat
+        if not self._connected:
+            return
+        try:
+            self._redis.set(self.key, self.layout_json, px=self._ttl_ms)
+        except self._errors as err:
+            self._note_failure(err)
 
     def _note_failure(self, err: BaseException) -> None:
         if self._connected or not self._warned:

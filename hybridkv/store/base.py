@@ -62,6 +62,10 @@ class KVStore(ABC):
     #: puts do no I/O and return at once (memory only): a tier may write a small
     #: batch from the engine's thread instead of handing it to its writer thread
     inline_writes: bool = False
+    #: other instances read and write the same blocks (Redis; a `file://` directory
+    #: opened with `?shared=1`): a tier writes blocks when they are computed, not only
+    #: when its pool evicts them, so the others can load what this one still holds
+    shared: bool = False
 
     @abstractmethod
     def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> int:

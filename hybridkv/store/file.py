@@ -13,7 +13,14 @@ The directory is bounded in bytes: whole objects are deleted, least
 recently read or written first. A later process opening the directory
 reads the object indexes back (modification time gives the LRU order) and
 serves what an earlier one stored; files that do not parse are deleted.
-One process at a time should write a directory.
+
+`shared=True` (`?shared=1`): processes use the directory at the same time.
+Each put then writes its blocks as an object at once (others see them),
+a missed key makes the store read the directory again for objects others
+wrote (at most every RESCAN_SECONDS), and temporary files younger than
+STALE_TMP_SECONDS (another process's object being written) are left alone.
+Each process bounds the directory by its own view of it; an object another
+process deleted is a miss.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ _HEADER = struct.Struct("<4sHII")
 _ENTRY = struct.Struct("<HQI")  # key length, offset, length (the key follows its length)
 _MAGIC, _VERSION = b"HKVO", 1
 _names = itertools.count()
+RESCAN_SECONDS = 0.5
+STALE_TMP_SECONDS = 60.0
 
 
 class _Object:
@@ -51,7 +60,7 @@ class FileStore(KVStore):
     scheme = "file"
 
     def __init__(self, directory: str, capacity_bytes: int,
-                 object_bytes: int = DEFAULT_OBJECT_BYTES) -> None:
+                 object_bytes: int = DEFAULT_OBJECT_BYTES, *, shared: bool = False) -> None:
         for name, value in (("size", capacity_bytes), ("object_size", object_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"file store: {name} must be a positive number of bytes, "
@@ -71,6 +80,8 @@ class FileStore(KVStore):
         self._used = 0
         self._evicted = 0
         self._lock = threading.RLock()
+        self.shared = bool(shared)
+        self._scanned_at = time.monotonic()
         self._load_existing()
 
     def describe(self) -> str:
@@ -98,6 +109,8 @@ class FileStore(KVStore):
                 self._open_bytes += len(key) + len(value)
                 if self._open_bytes >= self.object_bytes:
                     full.append(self._seal())
+            if self.shared and self._open:
+                full.append(self._seal())
         for entries in full:
             self._write(entries)
         return stored
@@ -130,8 +143,9 @@ class FileStore(KVStore):
             for key, (offset, length) in offsets.items():
                 self._sealed.pop(key, None)
                 self._index[key] = (name, offset, length)
-            self._objects[name] = _Object(name, size, list(offsets))
-            self._used += size
+            if name not in self._objects:  # (a rescan may have found it first)
+                self._objects[name] = _Object(name, size, list(offsets))
+                self._used += size
             self._evict()
 
     def _write_object(self, entries: dict[bytes, bytes]
@@ -173,6 +187,7 @@ class FileStore(KVStore):
     # ---- reading -----------------------------------------------------------------
 
     def get(self, keys: Sequence[bytes]) -> list[bytes]:
+        self._rescan_if_missing(keys)
         plan: list[bytes | tuple[str, int, int]] = []
         with self._lock:
             for key in keys:
@@ -245,12 +260,28 @@ class FileStore(KVStore):
         return key in self._index or key in self._open or key in self._sealed
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._rescan_if_missing(keys)
         with self._lock:
             return [self._holds(k) for k in keys]
 
     def prefix_length(self, keys: Sequence[bytes]) -> int:
+        self._rescan_if_missing(keys)
         with self._lock:
             return leading_count(map(self._holds, keys))
+
+    def _rescan_if_missing(self, keys: Sequence[bytes]) -> None:
+        """Shared: index the objects other processes wrote since the last look,
+        when a key is missing and the last look is RESCAN_SECONDS old."""
+        if not self.shared or time.monotonic() - self._scanned_at < RESCAN_SECONDS:
+            return
+        with self._lock:
+            if all(map(self._holds, keys)):
+                return
+            known = set(self._objects)
+        self._scanned_at = time.monotonic()
+        found = [(mtime, name, size) for mtime, name, size in self._listing()
+                 if name not in known]
+        self._index_objects(sorted(found), delete_bad=False)
 
     def delete(self, keys: Sequence[bytes]) -> int:
         """Forget keys (a key in a kept object may be seen again by a later process)."""
@@ -286,23 +317,45 @@ class FileStore(KVStore):
         self.flush()
 
     def _load_existing(self) -> None:
-        """Index the objects an earlier process left, oldest first."""
+        """Index the objects an earlier process left, oldest first; delete the
+        temporary files of writes that never finished."""
+        stale = time.time() - STALE_TMP_SECONDS
+        for entry in os.scandir(self.directory):
+            if entry.name.startswith(".tmp-") and (
+                    not self.shared or entry.stat().st_mtime < stale):
+                _remove(entry.path)
+        self._index_objects(sorted(self._listing()), delete_bad=True)
+
+    def _listing(self) -> list[tuple[float, str, int]]:
+        """(mtime, name, size) of the object files in the directory."""
         found = []
         for entry in os.scandir(self.directory):
-            if entry.name.startswith(".tmp-"):
-                _remove(entry.path)
-            elif entry.name.endswith(SUFFIX) and entry.is_file():
-                found.append((entry.stat().st_mtime, entry.name, entry.stat().st_size))
-        for _, name, size in sorted(found):
+            if entry.name.endswith(SUFFIX) and not entry.name.startswith(".tmp-"):
+                try:
+                    st = entry.stat()
+                except OSError:  # deleted meanwhile
+                    continue
+                found.append((st.st_mtime, entry.name, st.st_size))
+        return found
+
+    def _index_objects(self, found: list[tuple[float, str, int]], delete_bad: bool) -> None:
+        """Index these object files (oldest first); ones that do not parse are
+        deleted when `delete_bad`, else skipped."""
+        for _, name, size in found:
             offsets = _read_index(os.path.join(self.directory, name), size)
             if offsets is None:
-                _remove(os.path.join(self.directory, name))
+                if delete_bad:
+                    _remove(os.path.join(self.directory, name))
                 continue
-            for key, (offset, length) in offsets.items():
-                self._index[key] = (name, offset, length)
-            self._objects[name] = _Object(name, size, list(offsets))
-            self._used += size
-        self._evict()
+            with self._lock:
+                if name in self._objects:
+                    continue
+                for key, (offset, length) in offsets.items():
+                    self._index[key] = (name, offset, length)
+                self._objects[name] = _Object(name, size, list(offsets))
+                self._used += size
+        with self._lock:
+            self._evict()
 
 
 def _run_end(plan: list, i: int) -> int:

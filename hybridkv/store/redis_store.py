@@ -26,6 +26,7 @@ class RedisStore(KVStore):
     """Blocks in Redis database `db` at `host:port`, keys under `prefix`."""
 
     scheme = "redis"
+    shared = True
 
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, db: int = 0, *,
                  timeout: float = 1.0, prefix: bytes = b"hkv",

@@ -34,8 +34,11 @@ class KVStoreStats:
     time encoding and putting them (the background writer's, or the engine's for
     the few blocks a cpu store takes inline). `errors`: failed
     store calls; `skipped_calls`: calls not tried while the store was
-    unavailable; `dropped_blocks`: evicted blocks not written (writer
-    backlog full, store full or down).
+    unavailable; `dropped_blocks`: blocks to write that were not (writer
+    backlog full, too many requests awaited). With `shared_writes` (blocks
+    written at compute time for other instances) `skipped_blocks` counts
+    blocks not written again: this instance wrote them before, or the store
+    held them already.
     """
 
     url: str
@@ -50,6 +53,8 @@ class KVStoreStats:
     written_bytes: int = 0
     rejected_blocks: int = 0
     dropped_blocks: int = 0
+    skipped_blocks: int = 0
+    shared_writes: bool = False
     load_seconds: float = 0.0
     load_cpu_seconds: float = 0.0  # the engine thread's CPU time of those loads
     store_seconds: float = 0.0

@@ -9,6 +9,11 @@ value (no likely hit stops where they are needed); `select="all"` stores
 every evicted block. `write_through=True` writes each block once its step
 has computed it instead.
 
+A store other instances share (`KVStore.shared`, or `shared_writes=True`)
+also gets, once computed, the blocks hits at a prompt's stops need
+(`hybridkv.store.shared_writes`), so the others can load what this
+instance still holds; each block once, within a per-step copy budget.
+
 In: `extend_hit` runs after the pool's own lookup. It asks the store which
 of the request's missing blocks it holds, runs the hybrid fixed point over
 pool and store together (a group's rule is met when each block it needs is
@@ -42,6 +47,7 @@ from hybridkv.store.keys import KeySpace
 from hybridkv.store.pages import Buffer, PageIO
 from hybridkv.store.payload import BlockLayout, PayloadError, decode_block
 from hybridkv.store.selection import Selection
+from hybridkv.store.shared_writes import DEFAULT_STEP_BYTES, SharedWrites
 from hybridkv.store.stats import GroupTierStats, KVStoreStats
 from hybridkv.store.writer import (
     DEFAULT_INLINE_BYTES,
@@ -63,12 +69,16 @@ class KVTier:
     """Connects `store` to `kv`'s pool, whose pages `pages` reads and writes.
 
     `fingerprint` (16 bytes) names the model and cache layout in every key.
+    `shared_writes` (default: the store's `shared`) writes blocks at compute
+    time too, copying at most `step_write_bytes` of them out per step.
     """
 
     def __init__(self, kv: KVCacheManager, store: KVStore, pages: PageIO, fingerprint: bytes,
                  *, write_through: bool = False, select: str = "hybrid",
                  max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-                 inline_write_bytes: int = DEFAULT_INLINE_BYTES) -> None:
+                 inline_write_bytes: int = DEFAULT_INLINE_BYTES,
+                 shared_writes: bool | None = None,
+                 step_write_bytes: int = DEFAULT_STEP_BYTES) -> None:
         self.kv = kv
         self.managers = kv.coordinator.managers
         self.store = store
@@ -82,9 +92,17 @@ class KVTier:
         self._stats = KVStoreStats(url=store.describe(),
                                    groups=[GroupTierStats() for _ in self.managers])
         self._lock = threading.Lock()  # stats written by the writer thread
+        if shared_writes is None:
+            shared_writes = store.shared
+        shared_writes = bool(shared_writes) and not self.write_through
         self.writer = BackgroundWriter(self.guard, self.layouts, self.keys.prefixes,
                                        self._on_written, max_pending_bytes=max_pending_bytes,
-                                       inline_bytes=inline_write_bytes)
+                                       inline_bytes=inline_write_bytes,
+                                       skip_stored=shared_writes)
+        self.shared = SharedWrites(
+            self.managers, kv.pool.cached, [layout.data_bytes for layout in self.layouts],
+            kv.coordinator.alignment, self._submit_ids,
+            step_bytes=step_write_bytes) if shared_writes else None
         # (group, hash, block id) of blocks cached since `after_step` (write-through)
         self._computed: list[tuple[int, bytes, int]] = []
         self._importing = False
@@ -112,8 +130,17 @@ class KVTier:
         Imports blocks into the pool when the request, with up to `budget`
         new tokens, then fits. When the store holds a longer hit that does
         not fit yet, `must_wait` is set (if `can_wait`: other requests will
-        free blocks) instead of giving it up for a recompute.
+        free blocks) instead of giving it up for a recompute. With shared
+        writes, the request's blocks at its stops are awaited for writing.
         """
+        hit = self._extend_hit(request, blocks, num_tokens, budget, can_wait)
+        if self.shared is not None and self.kv.enable_caching:
+            hashes = request.block_hashes(self.kv.hash_algo, self.kv.hash_block_size)
+            self.shared.watch(request, hashes, hit.num_tokens)
+        return hit
+
+    def _extend_hit(self, request: Request, blocks: KVCacheBlocks, num_tokens: int,
+                    budget: int, can_wait: bool) -> TierHit:
         kv = self.kv
         pool_hit = TierHit(blocks, num_tokens, 0, False)
         if not kv.enable_caching:
@@ -288,6 +315,8 @@ class KVTier:
             self._stats.groups[g].load_seconds += time.perf_counter() - t0
             for j in js:
                 loaded[j] = True
+            if self.shared is not None:  # (the store has them: never written back)
+                self.shared.note_written(g, [slots[j].block_hash for j in js])
             stats = self._stats.groups[g]
             stats.loaded_blocks += len(js)
             stats.loaded_tokens += len(js) * self.managers[g].block_size
@@ -331,6 +360,8 @@ class KVTier:
         batches = []
         for g, views in enumerate(self._host_views):
             hashes, ids = recorder.take(g)  # the chains' heads first
+            if hashes and self.shared is not None:
+                hashes, ids = self._not_written(g, hashes, ids)
             if not hashes:
                 continue
             if inline and views is not None:
@@ -340,12 +371,32 @@ class KVTier:
         if batches:
             self.writer.submit_many(batches)
 
+    def _not_written(self, group_id: int, hashes: list[bytes],
+                     ids: bytes) -> tuple[list[bytes], bytes]:
+        """Of evicted blocks, the ones shared writes did not write; noted as written."""
+        shared = self.shared
+        assert shared is not None
+        keep = [i for i, h in enumerate(hashes) if not shared.is_written(group_id, h)]
+        if len(keep) < len(hashes):
+            shared.skipped_blocks += len(hashes) - len(keep)
+            hashes = [hashes[i] for i in keep]
+            ids = np.frombuffer(ids, np.int64)[keep].tobytes()
+        shared.note_written(group_id, hashes)
+        return hashes, ids
+
     def after_step(self) -> None:
         """Write-through: store the blocks cached since the last step (the step
-        just computed them). Nothing to do in write-behind mode."""
+        just computed them). Shared writes: queue the awaited blocks the step
+        computed. Nothing to do in plain write-behind mode."""
         if self._computed:
             entries, self._computed = self._computed, []
             self._submit(entries)
+        if self.shared is not None:
+            self.shared.after_step()
+
+    def _submit_ids(self, group_id: int, hashes: list[bytes], ids: list[int]) -> bool:
+        """Copy a group's blocks out of the pages and queue them; False if dropped."""
+        return self.writer.submit(group_id, hashes, self.pages.gather(group_id, ids))
 
     def _submit(self, entries: list[tuple[int, bytes, int]]) -> None:
         """Copy (group, hash, block id) blocks out of the pages; queue them."""
@@ -391,6 +442,11 @@ class KVTier:
         out.written_bytes = sum(s.written_bytes for s in groups)
         out.rejected_blocks = sum(s.rejected_blocks for s in groups)
         out.dropped_blocks = self.writer.dropped_blocks
+        out.skipped_blocks = self.writer.skipped_blocks
+        if self.shared is not None:
+            out.shared_writes = True
+            out.dropped_blocks += self.shared.dropped_blocks
+            out.skipped_blocks += self.shared.skipped_blocks
         out.errors, out.skipped_calls = self.guard.errors, self.guard.skipped_calls
         out.available = self.guard.available
         out.store = self._store_stats()

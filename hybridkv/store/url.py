@@ -19,8 +19,8 @@ SCHEMES = ("cpu", "file", "redis")
 # query parameters each scheme accepts
 _OPTIONS = {
     "cpu": {"size"},
-    "file": {"size", "object_size"},
-    "redis": {"timeout", "prefix"},
+    "file": {"size", "object_size", "shared"},
+    "redis": {"timeout", "prefix", "shared"},
 }
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6, "mb": 10**6,
           "mib": 1 << 20, "g": 10**9, "gb": 10**9, "gib": 1 << 30, "t": 10**12, "tb": 10**12,
@@ -121,6 +121,25 @@ def open_store(url: str | KVStore) -> KVStore:
     if isinstance(url, KVStore):
         return url
     u = parse_store_url(url)
+    shared = u.options.get("shared")
+    flag = None if shared is None else parse_flag(shared, "shared")
+    store = _open(u, bool(flag))
+    if flag is not None:
+        store.shared = flag
+    return store
+
+
+def parse_flag(text: str, what: str) -> bool:
+    """'1'/'true'/'yes'/'on' or '0'/'false'/'no'/'off' (any case)."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"kv store option {what}={text!r}: use 1 or 0")
+
+
+def _open(u: StoreURL, shared: bool) -> KVStore:
     if u.scheme == "cpu":
         from hybridkv.store.cpu import CpuStore
 
@@ -132,7 +151,7 @@ def open_store(url: str | KVStore) -> KVStore:
             "object_bytes": parse_size(object_size, "file object_size")}
         from hybridkv.store.file import FileStore
 
-        return FileStore(u.path, size, **kwargs)
+        return FileStore(u.path, size, shared=shared, **kwargs)
     timeout = u.options.get("timeout", "1.0")
     try:
         seconds = float(timeout)

@@ -17,6 +17,11 @@ blocks of a step straight from the caller when they come to at most
 `inline_bytes` and nothing is queued: encoding and storing a few KiB costs
 less than handing them to the thread (a lock, a wake-up, the thread taking
 the GIL from the engine's). Larger steps go through the thread.
+
+With `skip_stored` (a store other instances write too) the thread asks the
+store which of a batch's keys it holds already and puts only the others
+(counted in `skipped_blocks`): one existence query costs less than
+sending blocks another instance stored.
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ class BackgroundWriter:
                  key_prefixes: Sequence[bytes],
                  on_written: Callable[[int, int, int, float], None], *,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-                 inline_bytes: int = DEFAULT_INLINE_BYTES) -> None:
+                 inline_bytes: int = DEFAULT_INLINE_BYTES, skip_stored: bool = False) -> None:
         if len(key_prefixes) != len(layouts):
             raise ValueError(f"{len(key_prefixes)} key prefixes for {len(layouts)} groups")
         self.guard = guard
@@ -88,6 +93,8 @@ class BackgroundWriter:
         self.inline_bytes = inline_bytes if guard.store.inline_writes else 0
         self.inline_blocks = 0  # blocks written by the caller's thread (see above)
         self.dropped_blocks = 0
+        self.skip_stored = skip_stored
+        self.skipped_blocks = 0  # blocks not put: the store held them already
         self.cpu_seconds = 0.0  # the thread's CPU time writing
         self._queue: deque[_Batch] = deque()
         self._queued_blocks = 0
@@ -169,7 +176,7 @@ class BackgroundWriter:
         if not self._closed:
             self.guard.warn_once("dropped", f"kv store {self.guard.store.describe()}: the "
                                             f"writer's backlog is full (max_pending_bytes="
-                                            f"{self.max_pending_bytes}); evicted blocks are "
+                                            f"{self.max_pending_bytes}); blocks to write are "
                                             f"dropped instead of stored (counted in "
                                             f"dropped_blocks)")
 
@@ -292,11 +299,26 @@ class BackgroundWriter:
 
     def _put(self, group_id: int, hashes: list[bytes], data: np.ndarray) -> None:
         t0 = time.perf_counter()
+        if self.skip_stored:
+            hashes, data = self._not_stored(group_id, hashes, data)
+            if not hashes:
+                return
         layout = self.layouts[group_id]
         stored = self.guard.put_blocks(layout, self.key_prefixes[group_id], hashes, data)
         if stored:
             self.on_written(group_id, stored, stored * (HEADER_BYTES + layout.data_bytes),
                             time.perf_counter() - t0)
+
+    def _not_stored(self, group_id: int, hashes: list[bytes],
+                    data: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+        """The blocks of a batch the store does not hold yet (a store that
+        fails to answer holds none: they are put)."""
+        held = self.guard.contains_blocks(self.key_prefixes[group_id], hashes)
+        keep = [i for i, ok in enumerate(held) if not ok]
+        if len(keep) == len(hashes):
+            return hashes, data
+        self.skipped_blocks += len(hashes) - len(keep)
+        return [hashes[i] for i in keep], data[:, keep]
 
     def _mark_shared(self, batch: _Batch) -> None:
         """`batch` took over hashes of batches still pending: mark those, so that
