@@ -182,7 +182,8 @@ def _api_routes(state: ServerState) -> APIRouter:
     async def chat(request: Request) -> Response:
         auth(request)
         body = await read_body(request, ChatCompletionRequest, limit, workers)
-        return await state.service.chat(body, request)
+        return await _answer(state, body, request, True,
+                             lambda: state.service.chat(body, request))
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
