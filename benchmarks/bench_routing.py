@@ -131,8 +131,9 @@ def measure(args, router: Router, fillers, corpus, rng) -> dict:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(description: str) -> argparse.Namespace:
+    """The options every routing-decision benchmark takes (`--quick` shrinks them)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", default="gemma-3-27b")
     parser.add_argument("--instances", type=int, default=64)
     parser.add_argument("--total-blocks", type=int, default=1_000_000)
@@ -148,6 +149,11 @@ def main() -> None:
     prepare_out(args.out)
     if args.quick:
         args.instances, args.total_blocks, args.num_docs, args.queries = 4, 20_000, 50, 9
+    return args
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
     rng = random.Random(0)
     corpus = [question(rng, args.vocab, args.doc_len) for _ in range(args.num_docs)]
     router = Router("hybrid-prefix")

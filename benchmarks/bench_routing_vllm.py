@@ -15,12 +15,11 @@ over the tokens, groups and rules learned from the events). Then
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
 
-from bench_routing import measure, model_specs, question
-from common import add_common_args, prepare_out, write_result
+from bench_routing import measure, model_specs, parse_args, question
+from common import write_result
 
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
@@ -77,22 +76,7 @@ def fill(args, router: Router, corpus, rng: random.Random) -> list[VllmFiller]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gemma-3-27b")
-    parser.add_argument("--instances", type=int, default=64)
-    parser.add_argument("--total-blocks", type=int, default=1_000_000)
-    parser.add_argument("--doc-len", type=int, default=2048)
-    parser.add_argument("--num-docs", type=int, default=2000)
-    parser.add_argument("--zipf", type=float, default=0.8)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=5, help="best of N per query")
-    add_common_args(parser)
-    args = parser.parse_args()
-    prepare_out(args.out)
-    if args.quick:
-        args.instances, args.total_blocks, args.num_docs, args.queries = 4, 20_000, 50, 9
+    args = parse_args(__doc__.splitlines()[0])
     rng = random.Random(0)
     corpus = [question(rng, args.vocab, args.doc_len) for _ in range(args.num_docs)]
     router = Router("hybrid-prefix")
