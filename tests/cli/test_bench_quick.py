@@ -36,9 +36,11 @@ def git_status() -> str | None:
 
 def committed_results() -> dict[str, str]:
     out = {}
-    for name in sorted(os.listdir(RESULTS)):
-        with open(os.path.join(RESULTS, name), "rb") as f:
-            out[name] = hashlib.sha256(f.read()).hexdigest()
+    for folder, _, names in os.walk(RESULTS):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, RESULTS)] = hashlib.sha256(f.read()).hexdigest()
     return out
 
 
