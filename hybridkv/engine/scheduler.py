@@ -69,6 +69,9 @@ class ScheduledSeq:
         return self.num_computed + self.num_new == self.seq.request.num_tokens
 
 
+TRACE_STEPS = 1 << 16  # steps the usage and token traces keep
+
+
 @dataclass
 class SchedulerStats:
     steps: int = 0
@@ -79,8 +82,10 @@ class SchedulerStats:
     external_cached_tokens: int = 0
     max_running: int = 0
     failed: int = 0  # requests ended with finish_reason "error"
-    usage_trace: list[float] = field(default_factory=list)  # pool usage after each schedule
-    tokens_trace: list[int] = field(default_factory=list)  # tokens of the scheduled sequences
+    # pool usage after each schedule, and tokens of the scheduled sequences: the last
+    # TRACE_STEPS steps only, so a long-running server does not grow with them
+    usage_trace: deque[float] = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))
+    tokens_trace: deque[int] = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))
 
 
 class Scheduler:

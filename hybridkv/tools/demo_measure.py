@@ -161,7 +161,7 @@ def measure_workload(engines: dict[bool, LLM], name: str, workload: Workload,
             identical = identical and outputs == reference
             rates[caching].values.append(len(outputs) / seconds)
     return WorkloadResult(name, len(reference), rates[True], rates[False], identical,
-                          account.hit_rate, account.groups, account.usage_trace,
+                          account.hit_rate, account.groups, list(account.usage_trace),
                           *_memory(on, account.usage_trace, account.tokens_trace))
 
 
@@ -226,7 +226,7 @@ def _account(llm: LLM, workload: Workload) -> _Accounting:
                                   in zip(stats.group_hits, group_hits)])
     num_queries = stats.queries - queries
     return _Accounting(outputs, (stats.hits - hits) / num_queries if num_queries else 0.0,
-                       groups, metered.stats.usage_trace, metered.stats.tokens_trace)
+                       groups, list(metered.stats.usage_trace), list(metered.stats.tokens_trace))
 
 
 def _memory(llm: LLM, usage_trace: list[float], tokens_trace: list[int]) -> tuple[int, int]:
