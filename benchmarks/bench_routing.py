@@ -21,6 +21,7 @@ import argparse
 import random
 import statistics
 import time
+from typing import Any, NamedTuple
 
 from common import add_common_args, prepare_out, write_result
 
@@ -152,25 +153,49 @@ def parse_args(description: str) -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
+class Fleet(NamedTuple):
+    """Instances filled from a Zipf-popular corpus, and the router's index of them."""
+
+    rng: random.Random
+    corpus: list[list[int]]
+    router: Router
+    fillers: list
+    index: Any
+    cached_blocks: int
+    fill_s: float
+
+
+def filled_fleet(args: argparse.Namespace, fill_fn) -> Fleet:
+    """The corpus, a `hybrid-prefix` router and `fill_fn(args, router, corpus, rng)`'s
+    instances, timed, with the group blocks the router's index then holds."""
     rng = random.Random(0)
     corpus = [question(rng, args.vocab, args.doc_len) for _ in range(args.num_docs)]
     router = Router("hybrid-prefix")
     t0 = time.perf_counter()
-    fillers = fill(args, router, corpus, rng)
+    fillers = fill_fn(args, router, corpus, rng)
     fill_s = time.perf_counter() - t0
     index = next(iter(router.indexes.values()))
     cached = sum(index.num_cached_blocks(f.name) for f in fillers)
-    print(f"{args.model}: {args.instances} instances, {len(index.classes)} reuse classes, "
-          f"{cached:,} cached group blocks in the index (filled in {fill_s:.0f} s)")
-    result = measure(args, router, fillers, corpus, rng)
+    return Fleet(rng, corpus, router, fillers, index, cached, fill_s)
+
+
+def print_rows(result: dict) -> None:
+    """One line per prompt kind: hashing, lookup and whole-route time."""
     for kind, row in result.items():
         print(f"  {kind:8s} hash {row['hash']['median_us']:7.1f} us  lookup "
               f"{row['lookup']['median_us']:7.1f} us (p90 {row['lookup']['p90_us']:.1f})  "
               f"route {row['route']['median_us']:7.1f} us (p90 {row['route']['p90_us']:.1f}, "
               f"max {row['route']['max_us']:.1f})  instances reusing "
               f"{row['instances_with_reuse_mean']}")
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    rng, corpus, router, fillers, index, cached, fill_s = filled_fleet(args, fill)
+    print(f"{args.model}: {args.instances} instances, {len(index.classes)} reuse classes, "
+          f"{cached:,} cached group blocks in the index (filled in {fill_s:.0f} s)")
+    result = measure(args, router, fillers, corpus, rng)
+    print_rows(result)
     path = write_result("routing", {"config": vars(args), "cached_blocks": cached,
                                     "results": result}, args.out)
     print(f"wrote {path}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 
-from bench_routing import measure, model_specs, parse_args, question
+from bench_routing import filled_fleet, measure, model_specs, parse_args, print_rows, question
 from common import write_result
 
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
@@ -77,14 +77,7 @@ def fill(args, router: Router, corpus, rng: random.Random) -> list[VllmFiller]:
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
-    rng = random.Random(0)
-    corpus = [question(rng, args.vocab, args.doc_len) for _ in range(args.num_docs)]
-    router = Router("hybrid-prefix")
-    t0 = time.perf_counter()
-    fillers = fill(args, router, corpus, rng)
-    fill_s = time.perf_counter() - t0
-    index = next(iter(router.indexes.values()))
-    cached = sum(index.num_cached_blocks(f.name) for f in fillers)
+    rng, corpus, router, fillers, index, cached, fill_s = filled_fleet(args, fill)
     events = sum(f.num_events for f in fillers)
     ingest = sum(f.ingest_s for f in fillers)
     unplaced = sum(f.view.num_unplaced for f in fillers)
@@ -92,12 +85,7 @@ def main() -> None:
           f"{cached:,} cached group blocks (filled in {fill_s:.0f} s; {events:,} block events "
           f"ingested at {ingest / max(events, 1) * 1e6:.1f} us each, {unplaced} unplaced)")
     result = measure(args, router, fillers, corpus, rng)
-    for kind, row in result.items():
-        print(f"  {kind:8s} hash {row['hash']['median_us']:7.1f} us  lookup "
-              f"{row['lookup']['median_us']:7.1f} us (p90 {row['lookup']['p90_us']:.1f})  "
-              f"route {row['route']['median_us']:7.1f} us (p90 {row['route']['p90_us']:.1f}, "
-              f"max {row['route']['max_us']:.1f})  instances reusing "
-              f"{row['instances_with_reuse_mean']}")
+    print_rows(result)
     path = write_result("routing_vllm", {
         "config": vars(args), "cached_blocks": cached, "block_events": events,
         "ingest_us_per_event": ingest / max(events, 1) * 1e6, "unplaced": unplaced,
