@@ -27,7 +27,7 @@ Three measurements, each against a real server subprocess on 127.0.0.1:
    p99 TTFT passes `--give-up-ttft`.
 
     python benchmarks/bench_serving.py --out /tmp/bench-serving
-    python benchmarks/bench_serving.py --quick       # one rate, a few requests: checks it runs
+    python benchmarks/bench_serving.py --quick       # one rate and workload, a few requests
 
 Writes `serving_<preset>.json` and `ttft_vs_rate.png` into `--out` (default
 `./hybridkv-bench-output`, which git ignores).
@@ -420,8 +420,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--skip", default="", help="comma list of overhead,ttft,sweep to skip")
     add_common_args(ap)
     args = ap.parse_args(argv)
-    if args.quick:  # checks the script runs: one rate, few requests
+    if args.quick:  # checks the script runs: one rate, one workload, few requests
         args.rates, args.duration, args.min_requests = "8", 1.0, 4
+        args.workloads = args.workloads.split(",")[0]
         args.overhead_requests, args.ttft_repeats = 5, 2
     args.rates = [float(r) for r in args.rates.split(",")]
     prepare_out(args.out)

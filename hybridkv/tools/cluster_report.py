@@ -14,6 +14,7 @@ import math
 import os
 import statistics
 from argparse import ArgumentParser, Namespace
+from typing import TYPE_CHECKING
 
 from hybridkv.serving.router.policy import (
     DEFAULT_BALANCE,
@@ -21,8 +22,11 @@ from hybridkv.serving.router.policy import (
     check_balance,
     check_policy,
 )
-from hybridkv.tools.cluster_sim import CONFIGS, ClusterSim, CostModel, InstanceShape, RunResult
 from hybridkv.tools.cluster_workload import ClusterWorkload, WorkloadShape
+
+if TYPE_CHECKING:  # the simulator loads the engine (torch): only a cluster run imports it,
+    # so the CLI's parser (route, bench, ...) starts without torch
+    from hybridkv.tools.cluster_sim import RunResult
 
 BIG = "one instance, N x memory"
 
@@ -69,6 +73,8 @@ def policies_from(text: str) -> list[str]:
 
 def run_cluster(args: Namespace) -> int:
     """The `hybridkv simulate --instances N` command."""
+    from hybridkv.tools.cluster_sim import CONFIGS, ClusterSim, CostModel, InstanceShape
+
     n = args.instances
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1024:
         raise ValueError(f"--instances must be an int in [1, 1024], got {n!r}")
@@ -108,6 +114,8 @@ def _workload(args: Namespace) -> ClusterWorkload:
 
 
 def _describe(config: str) -> str:
+    from hybridkv.tools.cluster_sim import CONFIGS
+
     return " + ".join(type(s).__name__.replace("Spec", "") for s in CONFIGS[config])
 
 
