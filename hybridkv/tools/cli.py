@@ -10,6 +10,7 @@ status 2.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import tempfile
@@ -240,9 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(0)
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command].run(args)
+        code = COMMANDS[args.command].run(args)
     except (ValueError, FileNotFoundError) as e:
-        return _fail(f"hybridkv {args.command}", str(e).splitlines()[0])
+        code = _fail(f"hybridkv {args.command}", str(e).splitlines()[0])
+    if argv is None:  # a process of its own, about to exit: the collection at exit would
+        gc.freeze()  # walk torch's module objects once more (seconds) to free nothing
+    return code
 
 
 if __name__ == "__main__":
