@@ -26,10 +26,13 @@ def test_router_follows_zmq_events_of_hybridkv_backends(tmp_path):
     try:
         for name in ("a", "b"):
             config, pub, replay = events_config(tmp_path, name)
-            backend = serve("gemma3-tiny", "--kv-events-config", config, log_dir=tmp_path)
+            backend = serve("gemma3-tiny", "--kv-events-config", config, log_dir=tmp_path,
+                            wait=False)  # both start side by side
             backends.append(backend)
             sources += ["--kv-event-source", f"{backend.url}={pub}",
                         "--kv-event-replay-source", f"{backend.url}={replay}"]
+        for backend in backends:
+            backend.wait_healthy()
         argv = ["route", "--policy", "hybrid-prefix", "--check-interval", "0.3", *sources]
         for b in backends:
             argv += ["--backend", b.url]
