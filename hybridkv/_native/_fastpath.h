@@ -108,7 +108,7 @@ typedef struct {
 
 extern PyTypeObject HKV_BlocksCoreType;
 
-/* ---- the manager facade's base (KVCacheManager) --------------------------- */
+/* ---- the manager's backend (KVCacheManager._core) ------------------------- */
 
 enum { KIND_OTHER = 0, KIND_FULL, KIND_SLIDING, KIND_CHUNKED, KIND_MAMBA };
 
@@ -144,8 +144,12 @@ typedef struct {
     int uses_hints;
 } Pool;
 
+/* A KVCacheManager's C backend (`manager._core`): it works on the manager's
+ * own dicts and stats, read at `bind`, and calls the manager's Python methods
+ * (`owner`) for whatever it does not do itself. */
 typedef struct {
     PyObject_HEAD
+    PyObject *owner;      /* the KVCacheManager */
     PyObject *held;       /* dict: request id -> Held */
     PyObject *no_blocks;  /* KVCacheBlocks of empty lists */
     PyObject *junctions;  /* dict: id(request) -> (weakref, junction) */
@@ -164,6 +168,21 @@ typedef struct {
 } ManagerObject;
 
 extern PyTypeObject HKV_ManagerCoreType;
+
+/* owner.name(arg): the manager's Python method, for what the backend leaves to it */
+static inline PyObject *
+hkv_call_owner(ManagerObject *self, PyObject *name, PyObject *arg)
+{
+    return PyObject_CallMethodOneArg(self->owner, name, arg);
+}
+
+/* NULL with the error of a backend used before `bind` */
+static inline PyObject *
+hkv_unbound(void)
+{
+    PyErr_SetString(PyExc_RuntimeError, "ManagerCore is not bound to a KVCacheManager");
+    return NULL;
+}
 
 /* ---- the hybrid eviction policy's tiers (_fp_hybrid.c) --------------------- */
 

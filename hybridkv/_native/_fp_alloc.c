@@ -177,7 +177,7 @@ fits(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_
         return -1;
     if (need <= num_free)
         return 1;
-    PyObject *out = hkv_call((PyObject *)self, hkv_names.make_room,
+    PyObject *out = hkv_call(self->owner, hkv_names.make_room,
                              (PyObject *[]){HKV_O((PyObject *)held), HKV_N(need)}, 2);
     if (out == NULL)
         return -1;

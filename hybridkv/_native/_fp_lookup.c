@@ -329,7 +329,7 @@ lookup(ManagerObject *self, RequestObject *req)
         stats_add(self, num_tokens, length, matched, group_lengths) < 0)
         goto done;
     if (length == 0 && PyList_GET_SIZE(hashes)) {
-        PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, hkv_names.note_repeated_miss,
+        PyObject *r = PyObject_CallMethodOneArg(self->owner, hkv_names.note_repeated_miss,
                                                 PyList_GET_ITEM(hashes, 0));
         if (r == NULL)
             goto done;
@@ -346,17 +346,20 @@ done:
     return out;
 }
 
-/* _lookup(request): get_computed_blocks after its checks (a Request, caching on). */
+/* lookup(request): get_computed_blocks after its checks (a Request, caching on); the
+ * owner's `_lookup_py` when a group is not a built-in type. */
 PyObject *
 hkv_manager_lookup(ManagerObject *self, PyObject *request)
 {
     RequestObject *req = (RequestObject *)request;
+    if (self->owner == NULL)
+        return hkv_unbound();
     if (!self->native || !self->caching || self->request_type == NULL ||
         !PyObject_TypeCheck(request, (PyTypeObject *)self->request_type) ||
         req->all_token_ids == NULL || !PyList_CheckExact(req->all_token_ids) ||
         PyList_GET_SIZE(req->all_token_ids) == 0 || self->stats == NULL ||
         self->junctions == NULL)
-        return PyObject_CallMethodOneArg((PyObject *)self, hkv_names.lookup_py, request);
+        return hkv_call_owner(self, hkv_names.lookup_py, request);
     return lookup(self, req);
 }
 
