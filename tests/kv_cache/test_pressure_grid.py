@@ -17,6 +17,8 @@ from hybridkv.testing.ideal import ClairvoyantCache, PrefixIndex, reusable_block
 from hybridkv.testing.replay import ManagerAdapter, replay
 from hybridkv.tools.pressure_workloads import WORKLOADS, Draws, make_trace
 
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
+
 
 @dataclass(frozen=True)
 class Req:
