@@ -4,14 +4,17 @@ A decode step of a request the manager holds mostly changes nothing (the
 next token fits in its last block): `allocate_slots(request, 1)` returns the
 shared empty result at once. This times that call and `append_output_token_ids`
 in a loop (`--number` calls, `--repeats` times; median and spread in ns per
-call), and a `get_computed_blocks` + `allocate_slots` + `free` round for a
-1,024-token prompt that hits (µs per round), on the full and swa configs of
-the replay (`hybridkv.testing.replay.make_config`).
+call), `Request(...)` of a 1,280-token prompt, and a `get_computed_blocks` +
+`allocate_slots` + `free` round for a 1,024-token prompt that hits (µs per
+round), on the full and swa configs of the replay
+(`hybridkv.testing.replay.make_config`).
 
     python benchmarks/bench_manager_calls.py [--backends c,python] [--out DIR]
 
 `--backends` names the manager backends to time (`KVCacheManager(backend=...)`);
 a tree without that argument runs its default backend once (label `default`).
+`Request` takes the C type as its base whenever the extension is loaded: to
+time its Python reference, run with HYBRIDKV_DISABLE_FASTPATH=1 `--backends python`.
 Writes DIR/manager_calls.json.
 """
 
@@ -59,6 +62,12 @@ def decode_call(kv: KVCacheManager, number: int, repeats: int) -> list[float]:
     return time_loop("allocate(req, 1)", {"allocate": allocate, "req": req}, number, repeats)
 
 
+def request_call(number: int, repeats: int) -> list[float]:
+    """ns per `Request(id, prompt)` of a 1,280-token prompt (the replay's)."""
+    names = {"Request": Request, "prompt": list(range(1280))}
+    return time_loop("Request('r', prompt)", names, number, repeats)
+
+
 def append_call(number: int, repeats: int) -> list[float]:
     req = Request("append", [1])
     return time_loop("append(5)", {"append": req.append_output_token_ids}, number, repeats)
@@ -101,7 +110,8 @@ def main() -> None:
     if "backend" not in inspect.signature(KVCacheManager).parameters:
         args.backends = "default"
     for backend in args.backends.split(","):
-        row = {"append_ns": summary(append_call(number, args.repeats))}
+        row = {"append_ns": summary(append_call(number, args.repeats)),
+               "request_ns": summary(request_call(number // 10, args.repeats))}
         for config in ("full", "swa"):
             row[f"{config}_decode_ns"] = summary(decode_call(make_manager(config, backend),
                                                              number, args.repeats))

@@ -143,6 +143,7 @@ junction_of(ManagerObject *self, PyObject *req)
 
 /* A request this manager does not hold yet: checked in C, allocated in C. The
  * checked path runs (and raises) for anything the checks would refuse. */
+/* mirrors hybridkv.kv_cache.kv_cache_manager.KVCacheManager._allocate_checked */
 static PyObject *
 admit(ManagerObject *self, RequestObject *req, PyObject **a, Py_ssize_t n, Py_ssize_t nc,
       Py_ssize_t computed)
@@ -166,6 +167,7 @@ admit(ManagerObject *self, RequestObject *req, PyObject **a, Py_ssize_t n, Py_ss
     return out;
 }
 
+/* mirrors hybridkv.kv_cache.fastpath.ManagerCore.allocate_slots */
 static PyObject *
 manager_allocate_slots(ManagerObject *self, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames)
@@ -225,6 +227,7 @@ PyDoc_STRVAR(allocate_slots_doc,
 /* allocate(held, computed, num_tokens, hit, releases=True), called by the
  * manager's checked path: in C when every group is a built-in type, else the
  * manager's `_allocate_py`. */
+/* mirrors hybridkv.kv_cache.kv_cache_manager.KVCacheManager._allocate_py */
 static PyObject *
 manager_allocate(ManagerObject *self, PyObject *args)
 {
@@ -253,6 +256,7 @@ manager_allocate(ManagerObject *self, PyObject *args)
 
 /* release(held): free after its checks: every group returns the request's blocks
  * (the manager's `_release_py` when a group is not a built-in type). */
+/* mirrors hybridkv.kv_cache.kv_cache_manager.KVCacheManager._release_py */
 static PyObject *
 manager_release(ManagerObject *self, PyObject *held)
 {
@@ -301,6 +305,7 @@ bind_groups(ManagerObject *self, PyObject *groups)
         int kind;
         if (!PyArg_ParseTuple(item, "Oi:_bind group", &manager, &kind))
             return -1;
+        kind = hkv_kind_label(kind);
         native &= kind != KIND_OTHER;
         if (kind != KIND_OTHER &&
             hkv_group_bind(&self->groups[g], manager, kind, self->pool.cached) < 0)
@@ -333,6 +338,7 @@ bind_state(ManagerObject *self, PyObject *owner)
 }
 
 /* bind(owner, request_type, blocks_type, pool, groups, alignment, caching) */
+/* mirrors hybridkv.kv_cache.fastpath.ManagerCore.bind */
 static PyObject *
 manager_bind(ManagerObject *self, PyObject *args)
 {
@@ -347,6 +353,10 @@ manager_bind(ManagerObject *self, PyObject *args)
         !PyType_IsSubtype((PyTypeObject *)blocks_type, &HKV_BlocksCoreType) || alignment < 1) {
         PyErr_SetString(PyExc_TypeError, "bind: the request type must subclass RequestCore, "
                         "the blocks type BlocksCore");
+        return NULL;
+    }
+    if (!hkv_consts.configured) {
+        PyErr_SetString(PyExc_RuntimeError, "bind: configure_constants was not called");
         return NULL;
     }
     unbind(self);

@@ -5,9 +5,7 @@
  * reference. */
 #include "_fastpath.h"
 
-#define MAX_TOKEN 0xFFFFFFFFUL
-
-/* 1 when obj is an exact int in [0, 2**32), else 0 (no error set). */
+/* 1 when obj is an exact int in [0, MAX_TOKEN_ID], else 0 (no error set). */
 static inline int
 is_token(PyObject *obj)
 {
@@ -15,9 +13,12 @@ is_token(PyObject *obj)
         return 0;
 #if PY_VERSION_HEX >= 0x030C0000
     if (PyUnstable_Long_IsCompact((PyLongObject *)obj))
-        return PyUnstable_Long_CompactValue((PyLongObject *)obj) >= 0;  /* below 2**30 */
+        return PyUnstable_Long_CompactValue((PyLongObject *)obj) >= 0 &&
+               (unsigned long)PyUnstable_Long_CompactValue((PyLongObject *)obj) <=
+                   hkv_consts.max_token_id;
 #else
-    if (Py_SIZE(obj) == 0 || Py_SIZE(obj) == 1)  /* one 30-bit digit, non-negative */
+    if ((Py_SIZE(obj) == 0 || Py_SIZE(obj) == 1) &&  /* one 30-bit digit, non-negative */
+        hkv_consts.max_token_id >= (1UL << 30) - 1)
         return 1;
 #endif
     unsigned long v = PyLong_AsUnsignedLong(obj);
@@ -25,9 +26,10 @@ is_token(PyObject *obj)
         PyErr_Clear();
         return 0;
     }
-    return v <= MAX_TOKEN;
+    return v <= hkv_consts.max_token_id;
 }
 
+/* mirrors hybridkv.kv_cache.fastpath.RequestCore.append_output_token_ids */
 static PyObject *
 request_append(RequestObject *self, PyObject *token_ids)
 {
@@ -109,6 +111,7 @@ init_plain(RequestObject *self, PyObject *args, PyObject *kwds)
     return rc;
 }
 
+/* mirrors hybridkv.kv_cache.request.Request._init_checked */
 static int
 request_init(RequestObject *self, PyObject *args, PyObject *kwds)
 {

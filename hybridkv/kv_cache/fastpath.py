@@ -123,10 +123,10 @@ class RequestCore:
         """
         if type(token_ids) is list and len(token_ids) == 1:  # one decoded token
             token = token_ids[0]
-            if type(token) is int and 0 <= token <= 0xFFFFFFFF:
+            if type(token) is int and 0 <= token <= MAX_TOKEN_ID:
                 self.all_token_ids.append(token)
                 return
-        elif type(token_ids) is int and 0 <= token_ids <= 0xFFFFFFFF:
+        elif type(token_ids) is int and 0 <= token_ids <= MAX_TOKEN_ID:
             self.all_token_ids.append(token_ids)
             return
         self._append_checked(token_ids)
@@ -169,6 +169,18 @@ class BlocksCore:
 # the C paths' code for a group's manager type; KIND_OTHER (a type they do not know)
 # makes the whole manager run the Python paths
 KIND_OTHER, KIND_FULL, KIND_SLIDING, KIND_CHUNKED, KIND_MAMBA = range(5)
+# no limit: a token count no request reaches (a fast-path limit that never binds)
+UNLIMITED = 1 << 62
+# the largest token id: tokens are hashed as little-endian uint32 (hashing.pack_tokens)
+MAX_TOKEN_ID = 0xFFFFFFFF
+
+
+def configure_native() -> None:
+    """Give the C extension the constants above: their one source is this module."""
+    native.configure_constants({
+        "KIND_OTHER": KIND_OTHER, "KIND_FULL": KIND_FULL, "KIND_SLIDING": KIND_SLIDING,
+        "KIND_CHUNKED": KIND_CHUNKED, "KIND_MAMBA": KIND_MAMBA, "UNLIMITED": UNLIMITED,
+        "MAX_TOKEN_ID": MAX_TOKEN_ID})
 
 
 class ManagerCore:
@@ -222,3 +234,7 @@ class ManagerCore:
                                          computed > held.max_computed)
         return self._allocate_checked(request, num_new_tokens, num_new_computed_tokens,
                                       new_computed_blocks)
+
+
+if native is not None:
+    configure_native()
