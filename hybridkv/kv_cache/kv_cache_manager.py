@@ -149,8 +149,9 @@ class KVCacheManager:
         self._core.bind(self, Request, KVCacheBlocks, self.pool, groups,
                         self.coordinator.alignment, self.enable_caching)
         # a decode step's call runs the backend's method itself, with no frame in
-        # between (the method below says what it does)
-        self.allocate_slots = self._core.allocate_slots  # type: ignore[method-assign]
+        # between (the method below says what it does); a subclass's override stays
+        if type(self).allocate_slots is KVCacheManager.allocate_slots:
+            self.allocate_slots = self._core.allocate_slots  # type: ignore[method-assign]
 
     # ---- lookups -------------------------------------------------------------
 
@@ -240,10 +241,10 @@ class KVCacheManager:
         help (`can_fit` tells beforehand whether a request fits at all).
 
         A built manager has its backend's `allocate_slots` bound in this
-        name (`__init__`), which does what this body does: a request it holds
-        whose allocation changes nothing returns at once; another allocation
-        of a held request goes to `self._core.allocate`; any other call to
-        `_allocate_checked`.
+        name (`__init__`; unless a subclass overrides it), which does what
+        this body does: a request it holds whose allocation changes nothing
+        returns at once; another allocation of a held request goes to
+        `self._core.allocate`; any other call to `_allocate_checked`.
         """
         return self._core.allocate_slots(request, num_new_tokens, num_new_computed_tokens,
                                          new_computed_blocks)

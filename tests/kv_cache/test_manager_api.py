@@ -167,3 +167,17 @@ def test_a_backend_name_is_checked():
     with pytest.raises(ValueError, match="backend must be one of 'c', 'python' or None, "
                                          "got 'rust'"):
         make_manager(backend="rust")
+
+
+def test_a_subclass_overriding_allocate_slots_keeps_its_override():
+    calls = []
+
+    class Counting(KVCacheManager):
+        def allocate_slots(self, request, num_new_tokens, *args):
+            calls.append(num_new_tokens)
+            return super().allocate_slots(request, num_new_tokens, *args)
+
+    groups = [KVCacheGroupSpec(["f"], FullAttentionSpec(4))]
+    mgr = Counting(KVCacheConfig(8, groups))
+    assert mgr.allocate_slots(Request("r", list(range(5))), 4).get_block_ids() == ([1],)
+    assert calls == [4]
