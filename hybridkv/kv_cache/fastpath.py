@@ -2,13 +2,13 @@
 
 Every call a scheduler makes per token (`Request.append_output_token_ids`,
 a decode step's `KVCacheManager.allocate_slots`) and the pool and group
-work behind the others run in `hybridkv.kv_cache._fastpath` when it was
+work behind the others run in `hybridkv._native._fastpath` when it was
 built (with the package, like the hashing extension; it needs only a C
 compiler and Python's headers). It keeps no state of its own: it reads and
 changes the same block records, lists, dicts and policy objects as the
 Python code, and calls the Python methods for per-type rules, the eviction
 policy and listeners. The classes below are the reference it must match
-decision for decision (`hybridkv.testing.digest` hashes every block id, hit,
+decision for decision (`hybridkv.tools.digest` hashes every block id, hit,
 stat and event over many workloads; the tests compare both paths).
 
 Without the extension (not built, or `HYBRIDKV_DISABLE_FASTPATH=1`) these
@@ -30,7 +30,7 @@ def _load() -> tuple[Any, str | None]:
     """(the C module, None) or (None, why it is not used)."""
     if os.environ.get(DISABLE_ENV) == "1":
         return None, f"disabled ({DISABLE_ENV}=1)"
-    return load_extension("hybridkv.kv_cache._fastpath")
+    return load_extension("hybridkv._native._fastpath")
 
 
 native, NATIVE_ERROR = _load()

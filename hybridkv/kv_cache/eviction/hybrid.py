@@ -1,66 +1,14 @@
-"""`hybrid`: retention-aware eviction for hybrid prefix caches.
+"""`hybrid`: the default eviction policy, retention-aware tiers of free blocks.
 
-Free blocks sit in tiers; a block is taken from the lowest non-empty tier:
+A block is taken from the lowest non-empty tier: EMPTY (no cached data), LOW
+(rated low value, never hit), FRESH (never hit; the newest release first),
+HIT_ONCE and HIT_OFTEN (least recently used first), KEPT (rated `PROTECTED`: a
+running request still holds the prefix it completes). Aging, the stale-hit rule
+and the LRU votes (the constants below) move blocks between these orders.
 
-0. blocks holding no cached data;
-1. cached blocks their group rated low value when it released them
-   (`Block.value_hint`: a sliding-window block outside every window a likely
-   hit needs, a Mamba state at a boundary no likely hit stops at);
-2. cached blocks never hit since they were stored, the most recently
-   released request first (tail first within it). Data nobody reused yet
-   goes before data that proved useful, and under cyclic access (round-robin
-   sessions larger than the pool) the oldest sessions stay whole instead of
-   each one being evicted just before its turn, as under LRU;
-3. cached blocks hit once, least recently used first;
-4. cached blocks hit twice or more, least recently used first;
-5. cached blocks a running request still needs kept (`PROTECTED`: a window
-   its group left behind that completes a prefix the request still holds),
-   least recently released first; when the request ends its group rates
-   them again and they move to their tier.
-
-A block its group rated a junction (the window or state a hit needs where
-requests sharing a prefix diverge) counts as hit once more: the full
-prefix before it was just reused, and it completes that reusable unit.
-
-Aging: every AGE_EVERY blocks taken for new data from tier 2 move the
-least recently used block of tier 4 down to tier 3 and that of tier 3 to
-the back of tier 2, so data that stops being hit drifts down and new popular
-data can take its place (slowly: a burst of new data must not wash out what
-is still being reused). A hit takes a block out of the queue; on release it
-re-enters by its hit count.
-
-Stale hit data: hit counts say a block was useful, not that it still is (an
-agent that finished, a conversation that ended). The policy keeps the longest
-recent reuse distance of hits (blocks taken between a block's release and its
-hit, a maximum that decays by REUSE_DECAY per hit, whatever its length; hits
-on junction-rated blocks do not count: they come when a new prefix branches
-off, on a clock of their own) and watches whether fresh data it evicts is
-computed again. While at least RETURN_GATE of recent fresh
-evictions come back (the never-hit tier is losing live data, e.g. the newest
-step of agents that run round-robin in a pool that holds them all), a hit
-block unused for more than STALE_AGE times that distance is taken before the
-never-hit tier, and so is the bottom of the never-hit stack (the oldest
-releases and the data aging moved there) when it was released that long ago.
-When fresh evictions do not come back (unique questions, a cycle larger than
-the pool) nothing changes.
-
-Least recently used first, when that would have kept more: the policy
-remembers every evicted hash for GHOST_POOLS pools' worth of evictions and
-asks what one LRU queue would have done: where the block would stand in that
-queue (`LruPositions`: released with f blocks free ahead of it, less the
-blocks taken since, plus the empty blocks released since, less the hits on
-blocks released before it), so whether LRU would still hold it. Evicted data
-computed again that LRU would still have held votes for LRU order (a running agent's newest
-step, evicted while finished agents' older context stays); a hit on data LRU
-would have dropped votes for the tiers (the oldest multi-turn sessions kept
-whole), and so, VOTE_BACK times, does hit data taken in LRU order that is
-computed again. Each vote is a decaying share (VOTE_WEIGHT). While LRU's share
-is larger, the never-hit tier, when it is the lowest left, is taken together with
-both hit tiers in LRU's own order: the policy keeps its cached free blocks in one
-more list, in the order they were released (a release's tail first, as given),
-and takes from its front. A block queued again because its rating changed keeps
-its place there, as under LRU; a block kept for a running request that reaches
-the front is passed over and, once its rating changes, goes back to the front.
+`HybridTiers` is the Python reference of the rules and `HybridPolicy` the
+policy; the C extension's `HybridCore` is their twin. The rules, why each one
+exists and what it measured: docs/eviction.md, "`hybrid`: tiers".
 """
 
 from __future__ import annotations
@@ -121,7 +69,7 @@ def tier_of(block: Block) -> int:
 
 class HybridTiers:
     """The tiers and rules of `HybridPolicy` in Python: the reference that the C
-    extension's `HybridCore` (`kv_cache/_fp_hybrid*.c`) matches decision for decision
+    extension's `HybridCore` (`_native/_fp_hybrid*.c`) matches decision for decision
     (it runs when built, with the same constants; `HYBRIDKV_DISABLE_FASTPATH=1` runs
     this). A rule changed here must be changed there too: tests/kv_cache/
     test_hybrid_tiers.py and the replay digests compare the two.
