@@ -4,7 +4,7 @@ import pytest
 
 from hybridkv import KVCacheConfig, KVCacheGroupSpec, KVCacheManager, Request
 from hybridkv.kv_cache.managers import SingleTypeManager
-from hybridkv.testing.fuzz import CONFIGS
+from hybridkv.tools.spec_mixes import CONFIGS
 
 pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
 
