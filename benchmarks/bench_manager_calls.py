@@ -7,7 +7,7 @@ in a loop (`--number` calls, `--repeats` times; median and spread in ns per
 call), `Request(...)` of a 1,280-token prompt, and a `get_computed_blocks` +
 `allocate_slots` + `free` round for a 1,024-token prompt that hits (µs per
 round), on the full and swa configs of the replay
-(`hybridkv.testing.replay.make_config`).
+(`hybridkv.tools.replay.make_config`).
 
     python benchmarks/bench_manager_calls.py [--backends c,python] [--out DIR]
 
@@ -30,7 +30,7 @@ from common import add_common_args, prepare_out, write_result
 
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
-from hybridkv.testing.replay import make_config
+from hybridkv.tools.replay import make_config
 
 
 def make_manager(config: str, backend: str) -> KVCacheManager:

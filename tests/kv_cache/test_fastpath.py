@@ -79,7 +79,7 @@ def test_disabled_backend_is_named():
 
 def test_each_manager_holds_the_backend_it_was_built_with(native, monkeypatch):
     from hybridkv import KVCacheManager
-    from hybridkv.testing.replay import make_config
+    from hybridkv.tools.replay import make_config
 
     c, py = (KVCacheManager(make_config("swa", 64), backend=b) for b in ("c", "python"))
     assert type(c._core) is native.ManagerCore and type(py._core) is fastpath.ManagerCore
@@ -90,7 +90,7 @@ def test_each_manager_holds_the_backend_it_was_built_with(native, monkeypatch):
 
 def test_the_c_backend_is_refused_when_not_loaded(monkeypatch):
     from hybridkv import KVCacheManager
-    from hybridkv.testing.replay import make_config
+    from hybridkv.tools.replay import make_config
 
     monkeypatch.setattr(fastpath, "native", None)
     monkeypatch.setattr(fastpath, "NATIVE_ERROR", "no compiled module")
