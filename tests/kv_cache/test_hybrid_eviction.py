@@ -17,6 +17,8 @@ from hybridkv.kv_cache.eviction import (
 )
 from hybridkv.kv_cache.eviction import hybrid as hybrid_eviction
 
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
+
 
 def cached(pool, ids, tag):
     blocks = [pool.blocks[i] for i in ids]
