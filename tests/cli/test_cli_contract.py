@@ -153,3 +153,15 @@ def test_the_output_check_leaves_no_folder_when_the_run_then_fails(tmp_path, cap
                      "--trace", "few-shot", "--out", str(out)])
     assert code == 2 and "kv_cache_memory_bytes=1024" in one_error_line(capsys)
     assert not (tmp_path / "new").exists()
+
+
+def test_the_parser_and_the_router_start_without_torch():
+    """Every subcommand's options are built, and the router's module loaded, in a fresh
+    process that never imports torch or transformers (only what a command runs does)."""
+    code = ("import sys; from hybridkv.tools.cli import build_parser; build_parser(); "
+            "import hybridkv.serving.router.server, hybridkv.tools.bench; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
