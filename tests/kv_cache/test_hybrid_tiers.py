@@ -15,8 +15,8 @@ import random
 import pytest
 
 from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE, PROTECTED
-from hybridkv.kv_cache.eviction import hybrid as hybrid_eviction
-from hybridkv.kv_cache.eviction.hybrid import HybridTiers
+from hybridkv.kv_cache.eviction import tiers as hybrid_eviction
+from hybridkv.kv_cache.eviction.tiers import HybridTiers
 
 RATINGS = (LOW_VALUE, NORMAL_VALUE, NORMAL_VALUE, JUNCTION, PROTECTED)
 RULES = [
