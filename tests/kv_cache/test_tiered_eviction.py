@@ -176,8 +176,8 @@ def stale_scenario(monkeypatch, data_comes_back, idle_takes, defaults=False, lat
     patch = [("RETURN_WEIGHT", weight), ("REUSE_DECAY", 1.0), ("VOTE_WEIGHT", 0.0)]
     if not defaults:
         patch += [("RETURN_GATE", 0.35), ("STALE_AGE", 2.0)]
-    for name, value in patch:
-        monkeypatch.setattr(hybrid_eviction, name, value)
+    rules = hybrid_eviction.TIER_RULES._replace(**{name.lower(): value for name, value in patch})
+    monkeypatch.setattr(hybrid_eviction, "TIER_RULES", rules)
     pool = BlockPool(10, eviction_policy="tiered")
     held = pool.get_new_blocks(9)  # the clock is at 9
     a, b, f, g, spare, e, j = held[0], held[1], held[2], held[3], held[4], held[7], held[8]
@@ -403,10 +403,7 @@ class AlwaysLruOrder(hybrid_eviction.HybridTiers, EvictionPolicy):
     uses_hints = True
 
     def __init__(self, blocks=()):
-        super().__init__(blocks, (
-            hybrid_eviction.AGE_EVERY, hybrid_eviction.STALE_AGE, hybrid_eviction.REUSE_DECAY,
-            hybrid_eviction.RETURN_GATE, hybrid_eviction.RETURN_WEIGHT,
-            hybrid_eviction.VOTE_WEIGHT, hybrid_eviction.VOTE_BACK, hybrid_eviction.GHOST_POOLS))
+        super().__init__(blocks, hybrid_eviction.TIER_RULES)
         self._lru_share = 1.0
 
     def _vote(self, lru, count):

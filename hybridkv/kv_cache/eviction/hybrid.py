@@ -135,26 +135,29 @@ class HybridPolicy(EvictionPolicy):
 
     def add_free(self, blocks: Iterable[Block]) -> None:
         queues, marks, rules = self._queues, self._marks, self.rules
-        ahead = self._clock + self._num_free
-        front: list[Block] = []
+        mark = self._clock + self._num_free  # blocks ahead in one LRU queue, plus the clock
         cycling = self.is_cycling()
-        count = 0
+        fresh, front = queues[FRESH], []
         for block in blocks:
-            marks[block] = ahead + count
-            count += 1
+            marks[block] = mark
+            mark += 1
             q = block.queue_slot = queue_of(block, rules)
-            if q == FRESH and cycling:
-                front.append(block)
-                continue
-            queues[q][block] = None
-            if q == EMPTY:  # reused first, as under `lru`
-                queues[q].move_to_end(block, last=False)
-        fresh = queues[FRESH]
+            if q == FRESH:
+                if cycling:
+                    front.append(block)
+                else:
+                    fresh[block] = None
+            elif q == EMPTY:  # reused first, as under `lru`
+                queues[EMPTY][block] = None
+                queues[EMPTY].move_to_end(block, last=False)
+            else:
+                queues[q][block] = None
         for block in reversed(front):  # the whole release first, its tail first
             fresh[block] = None
             fresh.move_to_end(block, last=False)
-        self._num_free += count
-        self._spill()
+        self._num_free = mark - self._clock
+        if len(queues[HIT]) > rules.hit_share * self._size:
+            self._spill()
 
     def _spill(self) -> None:
         """Rule 3's cap: the hit queue's least recently used blocks join the back of

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hybridkv.kv_cache.eviction.base import JUNCTION, LOW_VALUE, PROTECTED, EvictionPolicy
 from hybridkv.kv_cache.eviction.lru_positions import LruPositions
@@ -93,6 +93,23 @@ RETURN_WEIGHT = 1 / 256
 VOTE_WEIGHT = 1 / 64
 VOTE_BACK = 4.0
 GHOST_POOLS = 4
+
+
+class TierRules(NamedTuple):
+    """The tiered policy's constants, named; `HybridCore` (C) parses the same
+    structure in this field order, so this is their one source."""
+
+    age_every: int = AGE_EVERY
+    stale_age: float = STALE_AGE
+    reuse_decay: float = REUSE_DECAY
+    return_gate: float = RETURN_GATE
+    return_weight: float = RETURN_WEIGHT
+    vote_weight: float = VOTE_WEIGHT
+    vote_back: float = VOTE_BACK
+    ghost_pools: int = GHOST_POOLS
+
+
+TIER_RULES = TierRules()
 # tiers kept as stacks (the end of the dict is taken first: new blocks go on top);
 # the others are queues (the front is taken first, new blocks join at the end)
 STACKS = (EMPTY, FRESH)
@@ -133,11 +150,12 @@ class HybridTiers:
 
     evicted: Mapping[bytes, object]
 
-    def __init__(self, blocks: Iterable[Block],
-                 rules: tuple[int, float, float, float, float, float, float, int]) -> None:
-        # the module's constants when the policy was made (tests change them)
-        (self._age_every, self._stale_age, self._reuse_decay, self._return_gate,
-         self._return_weight, self._vote_weight, self._vote_back, self._ghost_pools) = rules
+    def __init__(self, blocks: Iterable[Block], rules: TierRules) -> None:
+        # the constants given when the policy was made (tests change them)
+        self._age_every, self._stale_age = rules.age_every, rules.stale_age
+        self._reuse_decay, self._return_gate = rules.reuse_decay, rules.return_gate
+        self._return_weight, self._vote_weight = rules.return_weight, rules.vote_weight
+        self._vote_back, self._ghost_pools = rules.vote_back, rules.ghost_pools
         self._tiers: list[OrderedDict[Block, int]] = [OrderedDict() for _ in range(6)]
         self._num_taken = 0  # never-hit data evicted (drives aging)
         self._clock = 0  # blocks taken
@@ -392,5 +410,4 @@ class TieredPolicy(TiersBase, EvictionPolicy):
     uses_hints = True
 
     def __init__(self, blocks: Iterable[Block] = ()) -> None:
-        super().__init__(blocks, (AGE_EVERY, STALE_AGE, REUSE_DECAY, RETURN_GATE, RETURN_WEIGHT,
-                                  VOTE_WEIGHT, VOTE_BACK, GHOST_POOLS))
+        super().__init__(blocks, TIER_RULES)
