@@ -2,12 +2,14 @@
 
 Each needs only a C compiler and Python's headers and links no library:
 
-- `hybridkv.kv_cache._chainhash` (chained block hashing): SHA-256 is written
+- `hybridkv._native._chainhash` (chained block hashing): SHA-256 is written
   in the package (`_sha256.c`, with the x86 SHA extensions picked at run
   time) and xxHash is the vendored header-only library (`_vendor/xxhash.h`,
   BSD-2-Clause);
-- `hybridkv.kv_cache._fastpath` (the KV cache manager's hot paths, `_fp_*.c`);
-- `hybridkv.store._codec` (the KV tier's batch encoding and eviction selection).
+- `hybridkv._native._fastpath` (the KV cache manager's hot paths, `_fp_*.c`);
+- `hybridkv._native._codec` (the KV tier's batch encoding and eviction selection).
+
+All C sources live in `hybridkv/_native/`.
 
 When one cannot be built (no compiler, no Python headers) the install still
 succeeds, prints a warning and leaves the reason beside the module
@@ -27,36 +29,35 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 _BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError)
-_KV_CACHE = os.path.join("hybridkv", "kv_cache")
-_STORE = os.path.join("hybridkv", "store")
+_NATIVE = os.path.join("hybridkv", "_native")
 
 CHAINHASH = Extension(
-    "hybridkv.kv_cache._chainhash",
-    sources=[os.path.join(_KV_CACHE, name)
+    "hybridkv._native._chainhash",
+    sources=[os.path.join(_NATIVE, name)
              for name in ("_chainhash.c", "_sha256.c", "_hashmemo.c")],
-    depends=[os.path.join(_KV_CACHE, "_sha256.h"), os.path.join(_KV_CACHE, "_hashmemo.h"),
-             os.path.join(_KV_CACHE, "_chainhash_api.h"),
-             os.path.join(_KV_CACHE, "_vendor", "xxhash.h")],
-    include_dirs=[_KV_CACHE],
+    depends=[os.path.join(_NATIVE, "_sha256.h"), os.path.join(_NATIVE, "_hashmemo.h"),
+             os.path.join(_NATIVE, "_chainhash_api.h"),
+             os.path.join(_NATIVE, "_vendor", "xxhash.h")],
+    include_dirs=[_NATIVE],
     optional=True,
 )
 FASTPATH = Extension(
-    "hybridkv.kv_cache._fastpath",
-    sources=[os.path.join(_KV_CACHE, name) for name in (
+    "hybridkv._native._fastpath",
+    sources=[os.path.join(_NATIVE, name) for name in (
         "_fp_module.c", "_fp_types.c", "_fp_request.c", "_fp_manager.c", "_fp_bind.c",
         "_fp_pool.c", "_fp_group.c", "_fp_release.c", "_fp_alloc.c", "_fp_lookup.c",
         "_fp_hybrid.c", "_fp_hybrid_take.c", "_fp_watch.c", "_fp_lrupos.c")],
-    depends=[os.path.join(_KV_CACHE, name) for name in (
+    depends=[os.path.join(_NATIVE, name) for name in (
         "_fastpath.h", "_fp_hybrid.h", "_fp_watch.h", "_fp_lrupos.h", "_chainhash_api.h")],
-    include_dirs=[_KV_CACHE],
+    include_dirs=[_NATIVE],
     optional=True,
 )
 CODEC = Extension(
-    "hybridkv.store._codec",
-    sources=[os.path.join(_STORE, name) for name in ("_codec.c", "_lrutable.c", "_recorder.c",
+    "hybridkv._native._codec",
+    sources=[os.path.join(_NATIVE, name) for name in ("_codec.c", "_lrutable.c", "_recorder.c",
                                                          "_tailset.c")],
-    depends=[os.path.join(_STORE, "_codec.h"), os.path.join(_KV_CACHE, "_vendor", "xxhash.h")],
-    include_dirs=[_KV_CACHE],
+    depends=[os.path.join(_NATIVE, "_codec.h"), os.path.join(_NATIVE, "_vendor", "xxhash.h")],
+    include_dirs=[_NATIVE],
     optional=True,
 )
 # what each extension does, and what runs instead when it is missing

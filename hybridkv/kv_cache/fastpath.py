@@ -2,7 +2,7 @@
 
 Every call a scheduler makes per token (`Request.append_output_token_ids`,
 a decode step's `KVCacheManager.allocate_slots`) and the pool and group
-work behind the others run in `hybridkv.kv_cache._fastpath` when it was
+work behind the others run in `hybridkv._native._fastpath` when it was
 built (with the package, like the hashing extension; it needs only a C
 compiler and Python's headers). It keeps no state of its own: it reads and
 changes the same block records, lists, dicts and policy objects as the
@@ -30,7 +30,7 @@ def _load() -> tuple[Any, str | None]:
     """(the C module, None) or (None, why it is not used)."""
     if os.environ.get(DISABLE_ENV) == "1":
         return None, f"disabled ({DISABLE_ENV}=1)"
-    return load_extension("hybridkv.kv_cache._fastpath")
+    return load_extension("hybridkv._native._fastpath")
 
 
 native, NATIVE_ERROR = _load()

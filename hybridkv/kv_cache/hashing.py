@@ -16,7 +16,7 @@ processes and machines and never depend on Python's hash seed. `sha256` is
 the default (collision resistant: a forged collision would hand one tenant
 another's KV); `xxhash` (XXH3 128-bit) is the fast option.
 
-A C accelerator (`hybridkv.kv_cache._chainhash`, built with the package; it
+A C accelerator (`hybridkv._native._chainhash`, built with the package; it
 needs only a C compiler and Python's headers) hashes runs of blocks that share
 one `extra`; the pure Python loop below is the reference it must match byte
 for byte. When it was not built, the first hash computed warns once
@@ -42,7 +42,7 @@ from hybridkv.kv_cache.extensions import load_extension
 from hybridkv.kv_cache.fastpath import native as _fastpath
 
 ALLOW_PYTHON_ENV = "HYBRIDKV_ALLOW_PYTHON_HASHING"
-_chainhash, EXTENSION_ERROR = load_extension("hybridkv.kv_cache._chainhash")
+_chainhash, EXTENSION_ERROR = load_extension("hybridkv._native._chainhash")
 _chain: Any = getattr(_chainhash, "chain", None)
 # (a build older than this module has no memo: requests' hashers use chain)
 _chain_cached: Any = getattr(_chainhash, "chain_cached", _chain)

@@ -2,7 +2,7 @@
 
 Both run once per batch rather than once per block: a tier writes every block
 a busy pool evicts, and Python work per block would cost the scheduler more
-than the store saves. `hybridkv.store._codec` (C, built with the package)
+than the store saves. `hybridkv._native._codec` (C, built with the package)
 does each batch in one call, copying and checksumming with the GIL released
 so that the writer thread does not hold up the engine's; it also holds the
 cpu:// store's map (`LruTable`, see lru.py). Without it the same functions
@@ -19,7 +19,7 @@ import numpy as np
 from hybridkv.kv_cache.extensions import load_extension
 from hybridkv.store.payload import BlockLayout, checksum
 
-_codec, EXTENSION_ERROR = load_extension("hybridkv.store._codec")
+_codec, EXTENSION_ERROR = load_extension("hybridkv._native._codec")
 
 
 def native(name: str) -> Any:

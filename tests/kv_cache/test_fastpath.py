@@ -1,4 +1,4 @@
-"""The C fast path (hybridkv.kv_cache._fastpath) decides exactly like the Python reference.
+"""The C fast path (hybridkv._native._fastpath) decides exactly like the Python reference.
 
 - replay digests (every block id handed out, every hit, stat and event, the
   final free queue and hash map) are equal with the extension and with

@@ -27,7 +27,7 @@ import xxhash
 from hybridkv.kv_cache import hashing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KV_CACHE = os.path.join(ROOT, "hybridkv", "kv_cache")
+NATIVE = os.path.join(ROOT, "hybridkv", "_native")
 SOURCES = ("_chainhash.c", "_sha256.c", "_sha256.h", "_hashmemo.c", "_hashmemo.h")
 
 
@@ -83,7 +83,7 @@ def test_sha_ni_is_used_when_the_cpu_has_it(ext):
 
 def test_sources_need_no_system_crypto_or_xxhash_headers():
     for name in SOURCES:
-        with open(os.path.join(KV_CACHE, name)) as f:
+        with open(os.path.join(NATIVE, name)) as f:
             includes = re.findall(r'^\s*#\s*include\s*([<"][^>"]+[>"])', f.read(), re.M)
         assert includes, name
         for inc in includes:
@@ -132,8 +132,8 @@ def test_failed_build_installs_warns_and_is_named_at_run_time(tmp_path):
     src = _copy_sources(tmp_path)
     build = _run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], src, CC="false")
     assert build.returncode == 0, build.stderr
-    assert "C hashing extension hybridkv.kv_cache._chainhash was NOT built" in build.stderr
-    marker = os.path.join(src, "hybridkv", "kv_cache", "_chainhash.build-error.txt")
+    assert "C hashing extension hybridkv._native._chainhash was NOT built" in build.stderr
+    marker = os.path.join(src, "hybridkv", "_native", "_chainhash.build-error.txt")
     with open(marker) as f:
         assert f.read().startswith("CompileError: the compiler (false) exited with status 1")
 
@@ -149,8 +149,8 @@ def test_failed_build_installs_warns_and_is_named_at_run_time(tmp_path):
     assert version.returncode == 0, version.stderr
     assert "pure Python fallback" in version.stdout and "CompileError" in version.stdout
     # the manager's fast path: the same story
-    assert "C fast-path extension hybridkv.kv_cache._fastpath was NOT built" in build.stderr
-    assert os.path.exists(os.path.join(src, "hybridkv", "kv_cache", "_fastpath.build-error.txt"))
+    assert "C fast-path extension hybridkv._native._fastpath was NOT built" in build.stderr
+    assert os.path.exists(os.path.join(src, "hybridkv", "_native", "_fastpath.build-error.txt"))
     assert "KV cache fast path: pure Python reference" in version.stdout
     manager = _run([sys.executable, "-c", MAKE_MANAGER], src)
     assert manager.returncode == 0, manager.stderr
@@ -162,7 +162,7 @@ def test_missing_module_is_named_and_a_good_build_clears_the_record(tmp_path):
     src = _copy_sources(tmp_path)
     run = _run([sys.executable, "-c", HASH_TWICE], src)
     assert "C hashing extension not built (no compiled module" in run.stderr, run.stderr
-    marker = os.path.join(src, "hybridkv", "kv_cache", "_chainhash.build-error.txt")
+    marker = os.path.join(src, "hybridkv", "_native", "_chainhash.build-error.txt")
     with open(marker, "w") as f:
         f.write("stale\n")
     build = _run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], src)

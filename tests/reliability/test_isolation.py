@@ -141,7 +141,7 @@ def test_sha256_is_the_default_hash():
 HASH_SCRIPT = """
 import json, sys
 if sys.argv[1] == "no-c":
-    sys.modules["hybridkv.kv_cache._chainhash"] = None  # force the pure-Python path
+    sys.modules["hybridkv._native._chainhash"] = None  # force the pure-Python path
 from hybridkv import compute_block_hashes
 tokens = list(range(3, 70)) + [2**32 - 1]
 out = {algo: [h.hex() for h in compute_block_hashes(tokens, 4, hash_algo=algo,

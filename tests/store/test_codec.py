@@ -1,4 +1,4 @@
-"""The C fast path of the KV tier (hybridkv.store._codec) against its Python reference:
+"""The C fast path of the KV tier (hybridkv._native._codec) against its Python reference:
 the same stored bytes, the same table contents and order, the same selection of
 evicted blocks; bad input raises naming it; without the C module everything works."""
 
@@ -20,7 +20,7 @@ from hybridkv.store.selection import RecentSet
 from tests.store.sim import SimEngine
 
 C = codec._codec
-needs_c = pytest.mark.skipif(C is None, reason=f"hybridkv.store._codec not built: "
+needs_c = pytest.mark.skipif(C is None, reason=f"hybridkv._native._codec not built: "
                                                f"{codec.EXTENSION_ERROR}")
 PREFIX = b"hkv1" + b"F" * 16 + b"\0\1"
 

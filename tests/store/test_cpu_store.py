@@ -19,7 +19,7 @@ def table(request, monkeypatch):
     """Which map CpuStore uses in the test."""
     if request.param == "C":
         if codec.EXTENSION_ERROR is not None:
-            pytest.skip(f"hybridkv.store._codec not built: {codec.EXTENSION_ERROR}")
+            pytest.skip(f"hybridkv._native._codec not built: {codec.EXTENSION_ERROR}")
     else:
         monkeypatch.setattr("hybridkv.store.cpu.lru_table_class", lambda: LruDict)
     return request.param

@@ -1,4 +1,4 @@
-"""The KV tier on the manager's C fast path (hybridkv.kv_cache._fastpath, which calls the
+"""The KV tier on the manager's C fast path (hybridkv._native._fastpath, which calls the
 pool's eviction listeners itself) and on its Python reference (HYBRIDKV_DISABLE_FASTPATH=1):
 the same hits, the same blocks written in the same order, the same store contents."""
 

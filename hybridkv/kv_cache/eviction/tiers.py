@@ -139,7 +139,7 @@ def tier_of(block: Block) -> int:
 
 class HybridTiers:
     """The tiers and rules of `HybridPolicy` in Python: the reference that the C
-    extension's `HybridCore` (`kv_cache/_fp_hybrid*.c`) matches decision for decision
+    extension's `HybridCore` (`_native/_fp_hybrid*.c`) matches decision for decision
     (it runs when built, with the same constants; `HYBRIDKV_DISABLE_FASTPATH=1` runs
     this). A rule changed here must be changed there too: tests/kv_cache/
     test_hybrid_tiers.py and the replay digests compare the two.

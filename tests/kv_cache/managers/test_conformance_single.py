@@ -1,7 +1,7 @@
 """The conformance kit on each built-in manager, and on broken managers it must catch.
 
 The oracles are checked first against hand-computed tables from the reuse
-rules in the README; then every built-in manager runs the randomized suite for
+rules in docs/kv_cache.md; then every built-in manager runs the randomized suite for
 several block sizes, windows (shorter than, equal to and not a multiple of a
 block), sinks, chunk sizes and Mamba checkpoint intervals.
 """

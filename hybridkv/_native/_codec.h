@@ -1,4 +1,4 @@
-/* Shared between the C files of hybridkv.store._codec. */
+/* Shared between the C files of hybridkv._native._codec. */
 #ifndef HKV_STORE_CODEC_H
 #define HKV_STORE_CODEC_H
 

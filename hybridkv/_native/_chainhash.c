@@ -437,13 +437,13 @@ static PyMethodDef chainhash_methods[] = {
 
 static struct PyModuleDef chainhash_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "hybridkv.kv_cache._chainhash",
+    .m_name = "hybridkv._native._chainhash",
     .m_doc = "C fast path of hybridkv.kv_cache.hashing (chained block hashes).",
     .m_size = -1,
     .m_methods = chainhash_methods,
 };
 
-/* For other C extensions (hybridkv.kv_cache._fastpath): chain_impl as a function
+/* For other C extensions (hybridkv._native._fastpath): chain_impl as a function
  * pointer in the capsule `_C_API`, so that extending a request's hashes needs no
  * argument tuple. */
 static HkvChainApi chain_api = {chain_for_api, ALGO_SHA256};

@@ -401,7 +401,7 @@ static PyGetSetDef manager_getset[] = {
 
 PyTypeObject HKV_ManagerCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hybridkv.kv_cache._fastpath.ManagerCore",
+    .tp_name = "hybridkv._native._fastpath.ManagerCore",
     .tp_basicsize = sizeof(ManagerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = PyDoc_STR("Base of KVCacheManager: allocate_slots (see fastpath.py)."),

@@ -368,7 +368,7 @@ PyDoc_STRVAR(recorder_doc,
 
 static PyTypeObject RecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hybridkv.store._codec.EvictionRecorder",
+    .tp_name = "hybridkv._native._codec.EvictionRecorder",
     .tp_basicsize = sizeof(Recorder),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = recorder_doc,

@@ -188,7 +188,7 @@ static PyMemberDef request_members[] = {
 
 PyTypeObject HKV_RequestCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hybridkv.kv_cache._fastpath.RequestCore",
+    .tp_name = "hybridkv._native._fastpath.RequestCore",
     .tp_basicsize = sizeof(RequestObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = PyDoc_STR("Base of Request: its token ids and progress (see fastpath.py)."),

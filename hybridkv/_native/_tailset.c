@@ -174,7 +174,7 @@ static PySequenceMethods tailset_as_sequence = {
 
 static PyTypeObject TailSetType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hybridkv.store._codec.TailSet",
+    .tp_name = "hybridkv._native._codec.TailSet",
     .tp_basicsize = sizeof(TailSet),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "TailSet(capacity): about the capacity most recently added block hashes",

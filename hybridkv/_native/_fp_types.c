@@ -201,7 +201,7 @@ static PyMemberDef blocks_members[] = {
 
 PyTypeObject HKV_BlocksCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hybridkv.kv_cache._fastpath.BlocksCore",
+    .tp_name = "hybridkv._native._fastpath.BlocksCore",
     .tp_basicsize = sizeof(BlocksObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = PyDoc_STR("Base of KVCacheBlocks: `blocks`, one list per group."),

@@ -771,7 +771,7 @@ static PySequenceMethods lru_as_sequence = {
 
 static PyTypeObject LruTableType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hybridkv.store._codec.LruTable",
+    .tp_name = "hybridkv._native._codec.LruTable",
     .tp_basicsize = sizeof(LruTable),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "LruTable(capacity, overhead): bytes -> bytes, bounded in bytes, "

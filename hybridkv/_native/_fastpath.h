@@ -1,4 +1,4 @@
-/* hybridkv.kv_cache._fastpath: C versions of the KV cache manager's hot paths.
+/* hybridkv._native._fastpath: C versions of the KV cache manager's hot paths.
  *
  * The extension holds no state of its own beyond what Python sees: it works
  * on the same block records, request lists, dicts and eviction-policy

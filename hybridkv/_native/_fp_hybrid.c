@@ -411,7 +411,7 @@ hybrid_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 
 PyTypeObject HKV_HybridCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hybridkv.kv_cache._fastpath.HybridCore",
+    .tp_name = "hybridkv._native._fastpath.HybridCore",
     .tp_basicsize = sizeof(HybridObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = PyDoc_STR("Base of TieredPolicy: its tiers in C (see eviction/tiers.py)."),

@@ -1,11 +1,11 @@
-/* The C API of hybridkv.kv_cache._chainhash for other extensions (a capsule). */
+/* The C API of hybridkv._native._chainhash for other extensions (a capsule). */
 #ifndef HKV_CHAINHASH_API_H
 #define HKV_CHAINHASH_API_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#define HKV_CHAIN_API_NAME "hybridkv.kv_cache._chainhash._C_API"
+#define HKV_CHAIN_API_NAME "hybridkv._native._chainhash._C_API"
 
 typedef struct {
     /* chain()/chain_cached(): the digests (a new list) of num_blocks blocks of `seq`

@@ -13,7 +13,7 @@
  * LruTable (_lrutable.c): the cpu:// store's map.
  * TailSet (_tailset.c): recent prompts' tail blocks, for the selection.
  *
- * xxHash is the vendored header-only library (hybridkv/kv_cache/_vendor).
+ * xxHash is the vendored header-only library (hybridkv/_native/_vendor).
  */
 #include "_codec.h"
 
@@ -197,7 +197,7 @@ static PyMethodDef codec_methods[] = {
 
 static struct PyModuleDef codec_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "hybridkv.store._codec",
+    .m_name = "hybridkv._native._codec",
     .m_doc = "C fast path of hybridkv.store (block payloads, eviction selection, LruTable).",
     .m_size = -1,
     .m_methods = codec_methods,

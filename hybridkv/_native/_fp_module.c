@@ -1,4 +1,4 @@
-/* Module hybridkv.kv_cache._fastpath: the types and `configure`. */
+/* Module hybridkv._native._fastpath: the types and `configure`. */
 #include "_fastpath.h"
 
 Names hkv_names;
@@ -117,7 +117,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef fastpath_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "hybridkv.kv_cache._fastpath",
+    .m_name = "hybridkv._native._fastpath",
     .m_doc = "C fast paths of hybridkv's KV cache manager (see fastpath.py).",
     .m_size = -1,
     .m_methods = module_methods,
