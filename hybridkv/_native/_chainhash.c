@@ -6,9 +6,10 @@
  *
  *     previous digest (parent for k = 0) || block_size tokens as LE uint32 || extra
  *
- * and the result is the list of the num_blocks digests. algo_id 0 is SHA-256
- * (_sha256.c: SHA-NI when the CPU has it, else portable C), 1 is XXH3
- * 128-bit in canonical (big-endian) form, the digest of
+ * and the result is the list of the num_blocks digests. The algorithm ids are
+ * hashing.py's (`configure(algo_ids)`, called when it loads this module):
+ * "sha256" is SHA-256 (_sha256.c: SHA-NI when the CPU has it, else portable
+ * C), "xxhash" XXH3 128-bit in canonical (big-endian) form, the digest of
  * xxhash.xxh3_128_digest (the vendored header-only xxHash, _vendor/xxhash.h).
  * Nothing here needs a system header beyond Python's and the C library's,
  * nor links any library. Token ids must be ints in [0, 2**32)
@@ -29,7 +30,8 @@
 #define XXH_INLINE_ALL
 #include "_vendor/xxhash.h"
 
-enum { ALGO_SHA256 = 0, ALGO_XXH3_128 = 1 };
+/* hashing._ALGO_IDS["sha256"] and ["xxhash"], set by configure (-1: not yet) */
+static int ALGO_SHA256 = -1, ALGO_XXH3_128 = -1;
 enum { MAX_DIGEST = 32, STACK_BUF = 4096 };
 
 static const char BAD_TOKEN_FMT[] = "token_ids: token id %R is not an int in [0, 2**32)";
@@ -138,6 +140,7 @@ store_le32(unsigned char *dst, uint32_t v)
 }
 
 /* Writes tokens seq[start:start + n] as little-endian uint32 to dst. */
+/* mirrors hybridkv.kv_cache.hashing.pack_tokens */
 static int
 pack_tokens(PyObject *seq, Py_ssize_t start, Py_ssize_t n, unsigned char *dst)
 {
@@ -207,6 +210,7 @@ block_digest(int algo, const unsigned char *buf, size_t len, int memo)
 
 /* Hashes the chain into result (a list of num_blocks NULL slots).
  * buf holds one block input: [previous digest | tokens | extra]. */
+/* mirrors hybridkv.kv_cache.hashing.BlockHasher._hash_run */
 static int
 run_chain(int algo, const char *parent, Py_ssize_t parent_len, PyObject *seq,
           Py_ssize_t first_token, Py_ssize_t num_blocks, Py_ssize_t block_size, const char *extra,
@@ -238,8 +242,9 @@ static int
 check_args(int algo, Py_ssize_t num_tokens, Py_ssize_t first_token, Py_ssize_t num_blocks,
            Py_ssize_t block_size)
 {
-    if (algo != ALGO_SHA256 && algo != ALGO_XXH3_128) {
-        PyErr_Format(PyExc_ValueError, "algo_id must be 0 (sha256) or 1 (xxhash), got %d", algo);
+    if (algo < 0 || (algo != ALGO_SHA256 && algo != ALGO_XXH3_128)) {
+        PyErr_Format(PyExc_ValueError, "algo_id must be %d (sha256) or %d (xxhash), got %d",
+                     ALGO_SHA256, ALGO_XXH3_128, algo);
         return -1;
     }
     if (block_size < 1 || block_size > (PY_SSIZE_T_MAX - 2 * MAX_DIGEST) / 8) {
@@ -363,6 +368,7 @@ PyDoc_STRVAR(chain_doc,
 "algo_id: 0 = sha256, 1 = xxhash (XXH3 128-bit, canonical). Raises\n"
 "ValueError for token ids that are not ints in [0, 2**32) and bad ranges.");
 
+/* mirrors hybridkv.kv_cache.hashing.max_token_id */
 static PyObject *
 max_token(PyObject *Py_UNUSED(self), PyObject *token_ids)
 {
@@ -425,7 +431,45 @@ PyDoc_STRVAR(force_portable_sha256_doc,
 "returns the backend now in use. The digests are the same; for tests and\n"
 "benchmarks.");
 
+static HkvChainApi chain_api;
+
+static int
+algo_id(PyObject *ids, const char *name, int *out)
+{
+    PyObject *v = PyDict_GetItemString(ids, name);
+    long id = v != NULL && PyLong_Check(v) ? PyLong_AsLong(v) : -1;
+    if (id < 0 || id > INT_MAX) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "configure: algo_ids[%s] must be an int >= 0", name);
+        return -1;
+    }
+    *out = (int)id;
+    return 0;
+}
+
+/* configure(algo_ids): the algorithm ids from their one source, hashing._ALGO_IDS. */
+static PyObject *
+configure(PyObject *Py_UNUSED(self), PyObject *ids)
+{
+    int sha, xxh;
+    if (!PyDict_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "configure: algo_ids must be a dict");
+        return NULL;
+    }
+    if (algo_id(ids, "sha256", &sha) < 0 || algo_id(ids, "xxhash", &xxh) < 0)
+        return NULL;
+    if (sha == xxh) {
+        PyErr_SetString(PyExc_ValueError, "configure: the algorithm ids must differ");
+        return NULL;
+    }
+    ALGO_SHA256 = chain_api.sha256_id = sha;
+    ALGO_XXH3_128 = xxh;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef chainhash_methods[] = {
+    {"configure", configure, METH_O,
+     "configure(algo_ids): the algorithm ids chain() takes (hashing.py, on import)."},
     {"chain", chain, METH_VARARGS, chain_doc},
     {"chain_cached", chain_cached, METH_VARARGS, chain_cached_doc},
     {"clear_memo", clear_memo, METH_NOARGS, "Empty chain_cached's memo (for tests)."},
@@ -446,7 +490,7 @@ static struct PyModuleDef chainhash_module = {
 /* For other C extensions (hybridkv._native._fastpath): chain_impl as a function
  * pointer in the capsule `_C_API`, so that extending a request's hashes needs no
  * argument tuple. */
-static HkvChainApi chain_api = {chain_for_api, ALGO_SHA256};
+static HkvChainApi chain_api = {chain_for_api, -1};  /* sha256_id: set by configure */
 
 PyMODINIT_FUNC
 PyInit__chainhash(void)

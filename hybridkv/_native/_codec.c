@@ -14,6 +14,8 @@
  * TailSet (_tailset.c): recent prompts' tail blocks, for the selection.
  *
  * xxHash is the vendored header-only library (hybridkv/_native/_vendor).
+ *
+ * mirrors hybridkv.store.codec.encode_blocks_raw
  */
 #include "_codec.h"
 

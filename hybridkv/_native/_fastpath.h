@@ -108,9 +108,23 @@ typedef struct {
 
 extern PyTypeObject HKV_BlocksCoreType;
 
-/* ---- the manager facade's base (KVCacheManager) --------------------------- */
+/* ---- the manager's backend (KVCacheManager._core) ------------------------- */
 
-enum { KIND_OTHER = 0, KIND_FULL, KIND_SLIDING, KIND_CHUNKED, KIND_MAMBA };
+/* The reuse rule a group follows, as the C paths name it. Python names a
+ * group's type with fastpath.KIND_*; `bind` maps those values to these
+ * labels through hkv_consts (C never repeats Python's numbers). */
+enum { KIND_OTHER = 0, KIND_FULL, KIND_SLIDING, KIND_CHUNKED, KIND_MAMBA, NUM_KINDS };
+
+/* Constants whose one source is Python, read by `configure_constants`
+ * (fastpath.py calls it when it loads this module, before any manager binds). */
+typedef struct {
+    long kinds[NUM_KINDS];       /* fastpath.KIND_OTHER .. KIND_MAMBA, by C label */
+    Py_ssize_t unlimited;        /* fastpath.UNLIMITED: a fast-path limit that never binds */
+    unsigned long max_token_id;  /* fastpath.MAX_TOKEN_ID: the largest token id */
+    int configured;
+} Constants;
+
+extern Constants hkv_consts;
 
 /* One KV cache group as the C paths see it (a view of its manager). */
 typedef struct {
@@ -144,8 +158,12 @@ typedef struct {
     int uses_hints;
 } Pool;
 
+/* A KVCacheManager's C backend (`manager._core`): it works on the manager's
+ * own dicts and stats, read at `bind`, and calls the manager's Python methods
+ * (`owner`) for whatever it does not do itself. */
 typedef struct {
     PyObject_HEAD
+    PyObject *owner;      /* the KVCacheManager */
     PyObject *held;       /* dict: request id -> Held */
     PyObject *no_blocks;  /* KVCacheBlocks of empty lists */
     PyObject *junctions;  /* dict: id(request) -> (weakref, junction) */
@@ -164,6 +182,21 @@ typedef struct {
 } ManagerObject;
 
 extern PyTypeObject HKV_ManagerCoreType;
+
+/* owner.name(arg): the manager's Python method, for what the backend leaves to it */
+static inline PyObject *
+hkv_call_owner(ManagerObject *self, PyObject *name, PyObject *arg)
+{
+    return PyObject_CallMethodOneArg(self->owner, name, arg);
+}
+
+/* NULL with the error of a backend used before `bind` */
+static inline PyObject *
+hkv_unbound(void)
+{
+    PyErr_SetString(PyExc_RuntimeError, "ManagerCore is not bound to a KVCacheManager");
+    return NULL;
+}
 
 /* ---- the hybrid eviction policy's tiers (_fp_hybrid.c) --------------------- */
 
@@ -216,6 +249,9 @@ PyObject *hkv_block_hashes(ManagerObject *self, PyObject *req);
 PyObject *hkv_new_blocks(ManagerObject *self, PyObject *groups);  /* steals groups */
 PyObject *hkv_configure_hashing(PyObject *module, PyObject *args);
 
+/* _fp_module.c: the C label of a Python kind value (KIND_OTHER when unknown) */
+int hkv_kind_label(long python_kind);
+
 /* _fp_manager.c */
 int hkv_held_entry(ManagerObject *self, RequestObject *req, HeldObject **out);
 
@@ -224,7 +260,7 @@ PyObject *hkv_manager_lookup(ManagerObject *self, PyObject *request);
 PyObject *hkv_find_hit(ManagerObject *self, PyObject *hashes, Py_ssize_t max_length,
                        Py_ssize_t *length, Py_ssize_t *matched, Py_ssize_t *group_lengths);
 
-#define HKV_UNLIMITED ((Py_ssize_t)1 << 62)
+#define HKV_UNLIMITED (hkv_consts.unlimited)
 
 /* ---- shared helpers -------------------------------------------------------- */
 

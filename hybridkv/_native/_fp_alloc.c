@@ -124,6 +124,7 @@ new_hasher(ManagerObject *self, RequestObject *r)
 }
 
 /* request.block_hashes(hash_algo, hash_block_size) (a list). */
+/* mirrors hybridkv.kv_cache.request.Request.block_hashes */
 PyObject *
 hkv_block_hashes(ManagerObject *self, PyObject *req)
 {
@@ -156,6 +157,8 @@ hit_of(PyObject *hit, Py_ssize_t g)
 }
 
 /* Step 1: whether the pool can supply the allocation now (0: refused, -1: error). */
+/* mirrors hybridkv.kv_cache.kv_cache_manager.KVCacheManager._allocate_py (the check)
+ *         and hybridkv.kv_cache.coordinator.HybridCoordinator.num_blocks_to_allocate */
 static int
 fits(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_tokens,
      PyObject *hit, PyObject **hashes)
@@ -177,7 +180,7 @@ fits(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_
         return -1;
     if (need <= num_free)
         return 1;
-    PyObject *out = hkv_call((PyObject *)self, hkv_names.make_room,
+    PyObject *out = hkv_call(self->owner, hkv_names.make_room,
                              (PyObject *[]){HKV_O((PyObject *)held), HKV_N(need)}, 2);
     if (out == NULL)
         return -1;
@@ -187,6 +190,7 @@ fits(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_
 }
 
 /* Step 2: release or adopt, then take new blocks; a new tuple of new-block lists. */
+/* mirrors hybridkv.kv_cache.coordinator.HybridCoordinator.allocate */
 static PyObject *
 commit(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_tokens,
        PyObject *hit, int releases, PyObject **hashes)
@@ -219,6 +223,7 @@ commit(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t nu
 }
 
 /* Step 3: cache full blocks; the request's fast-path limits. */
+/* mirrors hybridkv.kv_cache.coordinator.HybridCoordinator.cache_blocks */
 static int
 cache_and_limit(ManagerObject *self, HeldObject *held, Py_ssize_t num_tokens, PyObject **hashes)
 {
@@ -256,6 +261,7 @@ hkv_new_blocks(ManagerObject *self, PyObject *groups)
 
 /* The allocation of a request the caller validated: new blocks (KVCacheBlocks),
  * None when the pool can't supply them now. `hit`: a tuple of lists, or NULL. */
+/* mirrors hybridkv.kv_cache.kv_cache_manager.KVCacheManager._allocate_py */
 PyObject *
 hkv_allocate(ManagerObject *self, HeldObject *held, Py_ssize_t computed, Py_ssize_t num_tokens,
              PyObject *hit, int releases)

@@ -24,6 +24,7 @@ num_with_ref(PyObject *seq, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t ref, PyObje
 }
 
 /* _num_freed_by_skip: blocks skipping at `computed` returns to the free queue. */
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager._num_freed_by_skip */
 static Py_ssize_t
 num_freed_by_skip(Pool *pool, Group *g, PyObject *req, PyObject *blocks, Py_ssize_t computed,
                   Py_ssize_t junction)
@@ -70,6 +71,7 @@ prompt_end(Group *g, PyObject *req)
     return v < 0 ? -1 : v / g->block_size;
 }
 
+/* mirrors hybridkv.kv_cache.managers.mamba.MambaManager.checkpoint_boundaries */
 static Py_ssize_t
 num_checkpoints(Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t num_tokens)
 {
@@ -87,6 +89,7 @@ num_checkpoints(Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t num_tok
 }
 
 /* Mamba's live block: the last entry once the request has one (not right after a hit). */
+/* mirrors hybridkv.kv_cache.managers.mamba.MambaManager._live_block */
 static PyObject *
 live_block(Group *g, PyObject *blocks, Py_ssize_t computed)
 {
@@ -94,12 +97,14 @@ live_block(Group *g, PyObject *blocks, Py_ssize_t computed)
     return n > computed / g->block_size ? PyList_GET_ITEM(blocks, n - 1) : NULL;
 }
 
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager.num_evictable */
 static Py_ssize_t
 num_evictable(Pool *pool, PyObject *hit)
 {
     return num_with_ref(hit, 0, PyList_GET_SIZE(hit), 0, pool->null_block);
 }
 
+/* mirrors hybridkv.kv_cache.managers.mamba.MambaManager.num_blocks_to_allocate */
 static int
 mamba_need(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t num_tokens,
            PyObject *hit, Py_ssize_t junction, Py_ssize_t *need)
@@ -125,6 +130,7 @@ mamba_need(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t 
 
 /* num_blocks_to_allocate: net free-queue blocks this group takes (negative
  * when skipping returns more than it takes). -1 on error. */
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager.num_blocks_to_allocate */
 int
 hkv_group_need(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, Py_ssize_t num_tokens,
                PyObject *hit, Py_ssize_t junction, Py_ssize_t *need)
@@ -158,6 +164,7 @@ hkv_group_need(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, Py_ssiz
 /* ---- commit ------------------------------------------------------------------ */
 
 /* prepare: adopt the hit (save_new_computed_blocks), or release skipped blocks. */
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager.prepare */
 int
 hkv_group_prepare(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed, PyObject *hit,
                   Py_ssize_t junction)
@@ -200,6 +207,7 @@ set_item(PyObject *list, Py_ssize_t i, PyObject *value)
 }
 
 /* Mamba's allocate_new_blocks: checkpoints of the step, the live block last. */
+/* mirrors hybridkv.kv_cache.managers.mamba.MambaManager.allocate_new_blocks */
 static PyObject *
 mamba_allocate_into(Pool *pool, Group *g, PyObject *req, PyObject *blocks, Py_ssize_t computed,
                     Py_ssize_t num_tokens)
@@ -246,6 +254,7 @@ done:
     return new_blocks;
 }
 
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager.allocate_new_blocks */
 static PyObject *
 allocate_into(Pool *pool, Group *g, PyObject *blocks, Py_ssize_t num_tokens)
 {
@@ -290,6 +299,7 @@ share_span(Group *g, PyObject *req, PyObject *hit, Py_ssize_t num_tokens, Py_ssi
 
 /* The cached blocks of positions first .. first + count - 1, up to the first
  * one not cached: a new list. */
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager.shared_run */
 static PyObject *
 shared_run(Group *g, PyObject *hashes, Py_ssize_t first, Py_ssize_t count)
 {
@@ -333,6 +343,7 @@ find_run(Group *g, PyObject *req, PyObject *hit, Py_ssize_t num_tokens, PyObject
 }
 
 /* num_shared_held: of the blocks `share` would take, those held by others. */
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager.num_shared_held */
 int
 hkv_group_shared_held(Group *g, PyObject *req, PyObject *hit, Py_ssize_t num_tokens,
                       PyObject **hashes, ManagerObject *m, Py_ssize_t *held)
@@ -352,6 +363,7 @@ hkv_group_shared_held(Group *g, PyObject *req, PyObject *hit, Py_ssize_t num_tok
 
 /* share: the request takes (touches) the cached blocks of the positions it is
  * about to compute, up to the first not cached. */
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager.share */
 int
 hkv_group_share(Pool *pool, Group *g, PyObject *req, Py_ssize_t num_tokens, PyObject **hashes,
                 ManagerObject *m)
@@ -392,6 +404,7 @@ hkv_group_allocate(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,
 
 /* cache_blocks: the request's full blocks among the first `num_tokens` become
  * reusable. `*hashes` is fetched (hkv_block_hashes) only when a block is new. */
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager.cache_blocks */
 int
 hkv_group_cache(Pool *pool, Group *g, PyObject *req, PyObject **hashes, ManagerObject *m,
                 Py_ssize_t num_tokens)
@@ -421,6 +434,9 @@ hkv_group_cache(Pool *pool, Group *g, PyObject *req, PyObject **hashes, ManagerO
 }
 
 /* max_quiet_computed of the type: the largest computed count releasing nothing. */
+/* mirrors hybridkv.kv_cache.managers.sliding_window.SlidingWindowManager.max_quiet_computed,
+ *         hybridkv.kv_cache.managers.chunked_local.ChunkedLocalAttentionManager.max_quiet_computed,
+ *         hybridkv.kv_cache.managers.mamba.MambaManager.max_quiet_computed */
 static Py_ssize_t
 max_quiet_computed(Group *g, PyObject *req)
 {
@@ -444,6 +460,8 @@ max_quiet_computed(Group *g, PyObject *req)
 }
 
 /* quiet_limits: (max tokens, max computed) up to which nothing changes here. */
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager.quiet_limits,
+ *         hybridkv.kv_cache.managers.mamba.MambaManager.quiet_limits */
 int
 hkv_group_limits(Group *g, PyObject *req, Py_ssize_t *max_tokens, Py_ssize_t *max_computed)
 {

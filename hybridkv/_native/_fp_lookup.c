@@ -20,6 +20,7 @@ num_searchable(Group *g, PyObject *hashes, Py_ssize_t max_length)
 }
 
 /* Full attention: left to right, up to the first miss. */
+/* mirrors hybridkv.kv_cache.managers.full.FullAttentionManager.find_longest_cache_hit */
 static PyObject *
 search_full(Group *g, PyObject *hashes, Py_ssize_t max_length, PyObject *null)
 {
@@ -37,6 +38,7 @@ search_full(Group *g, PyObject *hashes, Py_ssize_t max_length, PyObject *null)
 }
 
 /* Chunked local: nulls up to the chunk start, then left to right to the first miss. */
+/* mirrors hybridkv.kv_cache.managers.chunked_local.ChunkedLocalAttentionManager.find_longest_cache_hit */
 static PyObject *
 search_chunked(Group *g, PyObject *hashes, Py_ssize_t max_length, PyObject *null)
 {
@@ -60,6 +62,7 @@ fail:
 }
 
 /* Mamba: the last cached state at or before the length: [null, ..., null, state]. */
+/* mirrors hybridkv.kv_cache.managers.mamba.MambaManager.find_longest_cache_hit */
 static PyObject *
 search_mamba(Group *g, PyObject *hashes, Py_ssize_t max_length, PyObject *null)
 {
@@ -96,6 +99,7 @@ window_hit(PyObject *sinks, Py_ssize_t start, PyObject *run, PyObject *null)
 
 /* The rightmost run of `need` cached blocks ending at or before num_blocks (or a
  * run from block 0), sinks in front (SlidingWindowManager._search_window). */
+/* mirrors hybridkv.kv_cache.managers.sliding_window.SlidingWindowManager._search_window */
 static PyObject *
 search_window(Group *g, PyObject *hashes, Py_ssize_t num_blocks, PyObject *sinks,
               PyObject *null)
@@ -137,6 +141,7 @@ done:
 }
 
 /* Sliding window: the sink blocks must all be cached up to the length, then the window. */
+/* mirrors hybridkv.kv_cache.managers.sliding_window.SlidingWindowManager.find_longest_cache_hit */
 static PyObject *
 search_sliding(Group *g, PyObject *hashes, Py_ssize_t max_length, PyObject *null)
 {
@@ -216,6 +221,7 @@ settle(ManagerObject *self, PyObject *hashes, Py_ssize_t *length, PyObject **hit
 }
 
 /* Every group's hit trimmed to `length`: a new tuple of lists. */
+/* mirrors hybridkv.kv_cache.coordinator.HybridCoordinator._trim */
 static PyObject *
 trim(ManagerObject *self, PyObject **hits, Py_ssize_t length)
 {
@@ -237,6 +243,7 @@ trim(ManagerObject *self, PyObject **hits, Py_ssize_t length)
 /* HybridCoordinator.find_longest_cache_hit over the pool: blocks per group (a new
  * tuple), the length every group reuses, the full-attention match, and each
  * group's first search (group_lengths, num_groups entries). */
+/* mirrors hybridkv.kv_cache.coordinator.HybridCoordinator.find_longest_cache_hit */
 PyObject *
 hkv_find_hit(ManagerObject *self, PyObject *hashes, Py_ssize_t max_length, Py_ssize_t *length,
              Py_ssize_t *matched, Py_ssize_t *group_lengths)
@@ -329,7 +336,7 @@ lookup(ManagerObject *self, RequestObject *req)
         stats_add(self, num_tokens, length, matched, group_lengths) < 0)
         goto done;
     if (length == 0 && PyList_GET_SIZE(hashes)) {
-        PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, hkv_names.note_repeated_miss,
+        PyObject *r = PyObject_CallMethodOneArg(self->owner, hkv_names.note_repeated_miss,
                                                 PyList_GET_ITEM(hashes, 0));
         if (r == NULL)
             goto done;
@@ -346,17 +353,21 @@ done:
     return out;
 }
 
-/* _lookup(request): get_computed_blocks after its checks (a Request, caching on). */
+/* lookup(request): get_computed_blocks after its checks (a Request, caching on); the
+ * owner's `_lookup_py` when a group is not a built-in type. */
+/* mirrors hybridkv.kv_cache.kv_cache_manager.KVCacheManager._lookup_py */
 PyObject *
 hkv_manager_lookup(ManagerObject *self, PyObject *request)
 {
     RequestObject *req = (RequestObject *)request;
+    if (self->owner == NULL)
+        return hkv_unbound();
     if (!self->native || !self->caching || self->request_type == NULL ||
         !PyObject_TypeCheck(request, (PyTypeObject *)self->request_type) ||
         req->all_token_ids == NULL || !PyList_CheckExact(req->all_token_ids) ||
         PyList_GET_SIZE(req->all_token_ids) == 0 || self->stats == NULL ||
         self->junctions == NULL)
-        return PyObject_CallMethodOneArg((PyObject *)self, hkv_names.lookup_py, request);
+        return hkv_call_owner(self, hkv_names.lookup_py, request);
     return lookup(self, req);
 }
 

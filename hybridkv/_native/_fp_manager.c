@@ -1,9 +1,10 @@
-/* ManagerCore: the base of KVCacheManager whose `allocate_slots` is a C
- * method. A request this manager holds whose allocation changes nothing (a
- * decode step inside its block, under its fast-path limits) returns at C
- * speed; other allocations of held requests go to `_allocate`, everything
- * else to the checked path `_allocate_checked`. `fastpath.ManagerCore` is
- * the pure-Python reference. */
+/* ManagerCore: a KVCacheManager's C backend (`manager._core`), whose
+ * `allocate_slots` the manager binds as its own at construction. A request
+ * the manager holds whose allocation changes nothing (a decode step inside
+ * its block, under its fast-path limits) returns at C speed; other
+ * allocations of held requests go to `allocate`, everything else to the
+ * manager's checked path `_allocate_checked`.
+ * mirrors hybridkv.kv_cache.fastpath.ManagerCore (the pure-Python reference) */
 #include "_fastpath.h"
 
 enum { ARG_REQUEST, ARG_NUM_NEW, ARG_NUM_COMPUTED, ARG_HIT, NUM_ARGS };
@@ -84,7 +85,7 @@ call_allocate(ManagerObject *self, HeldObject *held, Py_ssize_t computed,
     PyObject *out = NULL;
     if (c != NULL && t != NULL) {
         PyObject *releases = computed > held->max_computed ? Py_True : Py_False;
-        PyObject *args[] = {(PyObject *)self, (PyObject *)held, c, t, Py_None, releases};
+        PyObject *args[] = {self->owner, (PyObject *)held, c, t, Py_None, releases};
         out = PyObject_VectorcallMethod(hkv_names.allocate_py, args,
                                         6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     }
@@ -99,7 +100,7 @@ call_checked(ManagerObject *self, PyObject **a)
     PyObject *zero = PyLong_FromLong(0);
     if (zero == NULL)
         return NULL;
-    PyObject *args[] = {(PyObject *)self, a[ARG_REQUEST], a[ARG_NUM_NEW],
+    PyObject *args[] = {self->owner, a[ARG_REQUEST], a[ARG_NUM_NEW],
                         a[ARG_NUM_COMPUTED] ? a[ARG_NUM_COMPUTED] : zero,
                         a[ARG_HIT] ? a[ARG_HIT] : Py_None};
     PyObject *out = PyObject_VectorcallMethod(hkv_names.allocate_checked, args,
@@ -142,6 +143,7 @@ junction_of(ManagerObject *self, PyObject *req)
 
 /* A request this manager does not hold yet: checked in C, allocated in C. The
  * checked path runs (and raises) for anything the checks would refuse. */
+/* mirrors hybridkv.kv_cache.kv_cache_manager.KVCacheManager._allocate_checked */
 static PyObject *
 admit(ManagerObject *self, RequestObject *req, PyObject **a, Py_ssize_t n, Py_ssize_t nc,
       Py_ssize_t computed)
@@ -165,6 +167,7 @@ admit(ManagerObject *self, RequestObject *req, PyObject **a, Py_ssize_t n, Py_ss
     return out;
 }
 
+/* mirrors hybridkv.kv_cache.fastpath.ManagerCore.allocate_slots */
 static PyObject *
 manager_allocate_slots(ManagerObject *self, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames)
@@ -173,6 +176,8 @@ manager_allocate_slots(ManagerObject *self, PyObject *const *args, Py_ssize_t na
     if (parse_allocate_args(args, nargs, kwnames, a) < 0)
         return NULL;
     PyObject *request = a[ARG_REQUEST];
+    if (self->owner == NULL)
+        return hkv_unbound();
     if (self->request_type == NULL || self->held == NULL || !PyDict_Check(self->held) ||
         self->no_blocks == NULL || !PyObject_TypeCheck(request, (PyTypeObject *)self->request_type))
         return call_checked(self, a);
@@ -219,17 +224,21 @@ PyDoc_STRVAR(allocate_slots_doc,
 "with no other request holding blocks: waiting would never help (`can_fit`\n"
 "tells beforehand whether a request fits at all).");
 
-/* _allocate(held, computed, num_tokens, hit, releases=True), called by the
- * checked path: in C when every group is a built-in type. */
+/* allocate(held, computed, num_tokens, hit, releases=True), called by the
+ * manager's checked path: in C when every group is a built-in type, else the
+ * manager's `_allocate_py`. */
+/* mirrors hybridkv.kv_cache.kv_cache_manager.KVCacheManager._allocate_py */
 static PyObject *
 manager_allocate(ManagerObject *self, PyObject *args)
 {
     PyObject *held, *hit;
     Py_ssize_t computed, num_tokens;
     int releases = 1;
-    if (!PyArg_ParseTuple(args, "OnnO|p:_allocate", &held, &computed, &num_tokens, &hit,
+    if (!PyArg_ParseTuple(args, "OnnO|p:allocate", &held, &computed, &num_tokens, &hit,
                           &releases))
         return NULL;
+    if (self->owner == NULL)
+        return hkv_unbound();
     int lists = hit == Py_None;
     if (PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == self->num_groups) {
         lists = 1;
@@ -237,7 +246,7 @@ manager_allocate(ManagerObject *self, PyObject *args)
             lists &= PyList_Check(PyTuple_GET_ITEM(hit, g));
     }
     if (!self->native || !Held_Check(held) || !lists)
-        return PyObject_CallMethodObjArgs((PyObject *)self, hkv_names.allocate_py,
+        return PyObject_CallMethodObjArgs(self->owner, hkv_names.allocate_py,
                                           PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1),
                                           PyTuple_GET_ITEM(args, 2), hit,
                                           releases ? Py_True : Py_False, NULL);
@@ -245,16 +254,20 @@ manager_allocate(ManagerObject *self, PyObject *args)
                         hit == Py_None ? NULL : hit, releases);
 }
 
-/* _release(held): free after its checks: every group returns the request's blocks. */
+/* release(held): free after its checks: every group returns the request's blocks
+ * (the manager's `_release_py` when a group is not a built-in type). */
+/* mirrors hybridkv.kv_cache.kv_cache_manager.KVCacheManager._release_py */
 static PyObject *
 manager_release(ManagerObject *self, PyObject *held)
 {
+    if (self->owner == NULL)
+        return hkv_unbound();
     if (!self->native || !Held_Check(held))
-        return PyObject_CallMethodOneArg((PyObject *)self, hkv_names.free_py, held);
+        return hkv_call_owner(self, hkv_names.free_py, held);
     HeldObject *h = (HeldObject *)held;
     RequestObject *req = (RequestObject *)h->request;
     if (!PyObject_TypeCheck(h->request, &HKV_RequestCoreType) || req->request_id == NULL)
-        return PyObject_CallMethodOneArg((PyObject *)self, hkv_names.free_py, held);
+        return hkv_call_owner(self, hkv_names.free_py, held);
     for (Py_ssize_t g = 0; g < self->num_groups; g++)
         if (hkv_group_free(&self->pool, &self->groups[g], h->request, h->junction) < 0)
             return NULL;
@@ -292,6 +305,7 @@ bind_groups(ManagerObject *self, PyObject *groups)
         int kind;
         if (!PyArg_ParseTuple(item, "Oi:_bind group", &manager, &kind))
             return -1;
+        kind = hkv_kind_label(kind);
         native &= kind != KIND_OTHER;
         if (kind != KIND_OTHER &&
             hkv_group_bind(&self->groups[g], manager, kind, self->pool.cached) < 0)
@@ -301,22 +315,53 @@ bind_groups(ManagerObject *self, PyObject *groups)
     return 0;
 }
 
+/* The owner's state the C paths share (the same objects, never rebound). */
+static int
+bind_state(ManagerObject *self, PyObject *owner)
+{
+    static const char *const names[] = {"_held", "_no_blocks", "_junctions", "_stats",
+                                         "hash_algo", "hash_block_size"};
+    PyObject **slots[] = {&self->held, &self->no_blocks, &self->junctions, &self->stats,
+                          &self->hash_algo, &self->hash_block_size};
+    for (int i = 0; i < 6; i++) {
+        PyObject *v = PyObject_GetAttrString(owner, names[i]);
+        if (v == NULL)
+            return -1;
+        Py_XSETREF(*slots[i], v);
+    }
+    if (!PyDict_Check(self->held)) {
+        PyErr_SetString(PyExc_TypeError, "bind: the manager's _held must be a dict");
+        return -1;
+    }
+    Py_XSETREF(self->owner, Py_NewRef(owner));
+    return 0;
+}
+
+/* bind(owner, request_type, blocks_type, pool, groups, alignment, caching) */
+/* mirrors hybridkv.kv_cache.fastpath.ManagerCore.bind */
 static PyObject *
 manager_bind(ManagerObject *self, PyObject *args)
 {
-    PyObject *request_type, *blocks_type, *pool, *groups;
+    PyObject *owner, *request_type, *blocks_type, *pool, *groups;
     Py_ssize_t alignment;
     int caching;
-    if (!PyArg_ParseTuple(args, "O!O!OO!np:_bind", &PyType_Type, &request_type, &PyType_Type,
-                          &blocks_type, &pool, &PyList_Type, &groups, &alignment, &caching))
+    if (!PyArg_ParseTuple(args, "OO!O!OO!np:bind", &owner, &PyType_Type, &request_type,
+                          &PyType_Type, &blocks_type, &pool, &PyList_Type, &groups, &alignment,
+                          &caching))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)request_type, &HKV_RequestCoreType) ||
         !PyType_IsSubtype((PyTypeObject *)blocks_type, &HKV_BlocksCoreType) || alignment < 1) {
-        PyErr_SetString(PyExc_TypeError, "_bind: the request type must subclass RequestCore, "
+        PyErr_SetString(PyExc_TypeError, "bind: the request type must subclass RequestCore, "
                         "the blocks type BlocksCore");
         return NULL;
     }
+    if (!hkv_consts.configured) {
+        PyErr_SetString(PyExc_RuntimeError, "bind: configure_constants was not called");
+        return NULL;
+    }
     unbind(self);
+    if (bind_state(self, owner) < 0)
+        return NULL;
     Py_XSETREF(self->request_type, Py_NewRef(request_type));
     Py_XSETREF(self->blocks_type, Py_NewRef(blocks_type));
     self->alignment = alignment;
@@ -337,6 +382,7 @@ manager_native(ManagerObject *self, void *Py_UNUSED(closure))
 static int
 manager_traverse(ManagerObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(self->owner);
     Py_VISIT(self->held);
     Py_VISIT(self->no_blocks);
     Py_VISIT(self->junctions);
@@ -355,6 +401,7 @@ static int
 manager_clear(ManagerObject *self)
 {
     unbind(self);
+    Py_CLEAR(self->owner);
     Py_CLEAR(self->held);
     Py_CLEAR(self->no_blocks);
     Py_CLEAR(self->junctions);
@@ -377,25 +424,20 @@ manager_dealloc(ManagerObject *self)
 static PyMethodDef manager_methods[] = {
     {"allocate_slots", (PyCFunction)(void (*)(void))manager_allocate_slots,
      METH_FASTCALL | METH_KEYWORDS, allocate_slots_doc},
-    {"_allocate", (PyCFunction)manager_allocate, METH_VARARGS, NULL},
-    {"_lookup", (PyCFunction)hkv_manager_lookup, METH_O, NULL},
-    {"_release", (PyCFunction)manager_release, METH_O, NULL},
-    {"_bind", (PyCFunction)manager_bind, METH_VARARGS, NULL},
+    {"allocate", (PyCFunction)manager_allocate, METH_VARARGS, NULL},
+    {"lookup", (PyCFunction)hkv_manager_lookup, METH_O, NULL},
+    {"release", (PyCFunction)manager_release, METH_O, NULL},
+    {"bind", (PyCFunction)manager_bind, METH_VARARGS, NULL},
     {NULL},
 };
 
 static PyMemberDef manager_members[] = {
-    {"_held", T_OBJECT_EX, offsetof(ManagerObject, held), 0, NULL},
-    {"_no_blocks", T_OBJECT_EX, offsetof(ManagerObject, no_blocks), 0, NULL},
-    {"_junctions", T_OBJECT_EX, offsetof(ManagerObject, junctions), 0, NULL},
-    {"_stats", T_OBJECT_EX, offsetof(ManagerObject, stats), 0, NULL},
-    {"hash_algo", T_OBJECT_EX, offsetof(ManagerObject, hash_algo), 0, NULL},
-    {"hash_block_size", T_OBJECT_EX, offsetof(ManagerObject, hash_block_size), 0, NULL},
+    {"owner", T_OBJECT, offsetof(ManagerObject, owner), READONLY, "the KVCacheManager"},
     {NULL},
 };
 
 static PyGetSetDef manager_getset[] = {
-    {"_native", (getter)manager_native, NULL, "whether the C paths serve every group", NULL},
+    {"native", (getter)manager_native, NULL, "whether the C paths serve every group", NULL},
     {NULL},
 };
 
@@ -404,7 +446,7 @@ PyTypeObject HKV_ManagerCoreType = {
     .tp_name = "hybridkv._native._fastpath.ManagerCore",
     .tp_basicsize = sizeof(ManagerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = PyDoc_STR("Base of KVCacheManager: allocate_slots (see fastpath.py)."),
+    .tp_doc = PyDoc_STR("A KVCacheManager's C backend (manager._core; see fastpath.py)."),
     .tp_new = PyType_GenericNew,
     .tp_dealloc = (destructor)manager_dealloc,
     .tp_traverse = (traverseproc)manager_traverse,

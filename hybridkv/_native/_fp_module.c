@@ -2,6 +2,7 @@
 #include "_fastpath.h"
 
 Names hkv_names;
+Constants hkv_consts;
 
 #define INTERN(field, text)                                   \
     do {                                                      \
@@ -97,6 +98,70 @@ configure(PyObject *Py_UNUSED(module), PyObject *normal_value)
     Py_RETURN_NONE;
 }
 
+/* An int item of the constants dict; -1 with an error when missing or not an int. */
+static int
+constant(PyObject *consts, const char *name, long *out)
+{
+    PyObject *v = PyDict_GetItemString(consts, name);
+    if (v == NULL || !PyLong_Check(v)) {
+        PyErr_Format(PyExc_ValueError, "configure_constants: %s must be an int", name);
+        return -1;
+    }
+    *out = PyLong_AsLong(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *
+configure_constants(PyObject *Py_UNUSED(module), PyObject *consts)
+{
+    static const char *const kind_names[NUM_KINDS] = {
+        "KIND_OTHER", "KIND_FULL", "KIND_SLIDING", "KIND_CHUNKED", "KIND_MAMBA"};
+    Constants c = {0};
+    long unlimited, max_token;
+    if (!PyDict_Check(consts)) {
+        PyErr_SetString(PyExc_TypeError, "configure_constants: expected a dict");
+        return NULL;
+    }
+    for (int k = 0; k < NUM_KINDS; k++)
+        if (constant(consts, kind_names[k], &c.kinds[k]) < 0)
+            return NULL;
+    if (constant(consts, "UNLIMITED", &unlimited) < 0 ||
+        constant(consts, "MAX_TOKEN_ID", &max_token) < 0)
+        return NULL;
+    for (int k = 0; k < NUM_KINDS; k++)
+        for (int j = 0; j < k; j++)
+            if (c.kinds[j] == c.kinds[k]) {
+                PyErr_SetString(PyExc_ValueError, "configure_constants: kinds must differ");
+                return NULL;
+            }
+    if (unlimited < 1 || max_token < 0 || (unsigned long)max_token > 0xFFFFFFFFUL) {
+        PyErr_SetString(PyExc_ValueError, "configure_constants: UNLIMITED must be positive, "
+                        "MAX_TOKEN_ID fit the 32 bits a token is hashed with");
+        return NULL;
+    }
+    c.unlimited = (Py_ssize_t)unlimited;
+    c.max_token_id = (unsigned long)max_token;
+    c.configured = 1;
+    hkv_consts = c;
+    Py_RETURN_NONE;
+}
+
+int
+hkv_kind_label(long python_kind)
+{
+    for (int k = 0; k < NUM_KINDS; k++)
+        if (hkv_consts.kinds[k] == python_kind)
+            return k;
+    return KIND_OTHER;
+}
+
+PyDoc_STRVAR(configure_constants_doc,
+"configure_constants(constants)\n"
+"\n"
+"The constants the C paths share with Python, from their one source\n"
+"(fastpath.py calls it on import): KIND_OTHER .. KIND_MAMBA, UNLIMITED,\n"
+"MAX_TOKEN_ID.");
+
 PyDoc_STRVAR(configure_doc,
 "configure(normal_value)\n"
 "\n"
@@ -111,6 +176,7 @@ PyDoc_STRVAR(configure_hashing_doc,
 
 static PyMethodDef module_methods[] = {
     {"configure", configure, METH_O, configure_doc},
+    {"configure_constants", configure_constants, METH_O, configure_constants_doc},
     {"configure_hashing", hkv_configure_hashing, METH_VARARGS, configure_hashing_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -31,6 +31,7 @@ hkv_pool_num_free(Pool *pool)
 }
 
 /* `del cached[group][hash]`, then the block caches nothing (no subscribers). */
+/* mirrors hybridkv.kv_cache.block_pool.BlockPool._drop_hash */
 static int
 drop_hash(Pool *pool, BlockObject *b, Py_ssize_t group)
 {
@@ -114,6 +115,7 @@ count_evictions(Pool *pool, Py_ssize_t *evicted)
 
 /* BlockPool._notify_evict: the eviction listeners get the blocks taken that
  * cache data (or all of them, when every listener skips empty ones itself). */
+/* mirrors hybridkv.kv_cache.block_pool.BlockPool._notify_evict */
 static int
 notify_evict(Pool *pool, PyObject *blocks)
 {
@@ -151,6 +153,7 @@ notify_evict(Pool *pool, PyObject *blocks)
 /* BlockPool.get_new_blocks: a new list of num_blocks blocks, each held once.
  * `counted`: the caller knows that many are free (an allocation that fit), so the
  * free count is not read again. */
+/* mirrors hybridkv.kv_cache.block_pool.BlockPool.get_new_blocks */
 PyObject *
 hkv_pool_take(Pool *pool, Py_ssize_t num_blocks, int counted)
 {
@@ -193,6 +196,7 @@ fail:
 }
 
 /* BlockPool.touch: one more reference on each block (a hit); free ones leave the queue. */
+/* mirrors hybridkv.kv_cache.block_pool.BlockPool.touch */
 int
 hkv_pool_touch(Pool *pool, PyObject *blocks)
 {
@@ -228,6 +232,7 @@ fail:
 }
 
 /* BlockPool.free_blocks(blocks, requeue): `blocks` a list in the order to evict them. */
+/* mirrors hybridkv.kv_cache.block_pool.BlockPool.free_blocks */
 int
 hkv_pool_free(Pool *pool, PyObject *blocks, PyObject *requeue)
 {
@@ -280,6 +285,7 @@ fail:
 }
 
 /* BlockPool._note_recompute: a request computed data `b` caches already. */
+/* mirrors hybridkv.kv_cache.block_pool.BlockPool._note_recompute */
 static int
 note_recompute(Pool *pool, BlockObject *b)
 {
@@ -304,6 +310,7 @@ num_watched(Pool *pool)
 /* Caches blocks[i] under this group's hash of block i (hashes at the hash
  * block size, `stride` per block), as BlockPool.cache_blocks: 1 when stored,
  * 0 when another block caches that data already, -1 on error. */
+/* mirrors hybridkv.kv_cache.block_pool.BlockPool.cache_block */
 static int
 cache_one(Pool *pool, Group *g, BlockObject *b, PyObject *h)
 {
@@ -363,6 +370,7 @@ group_hash_list(PyObject *hashes, Py_ssize_t stride, Py_ssize_t end)
     return out;
 }
 
+/* mirrors hybridkv.kv_cache.block_pool.BlockPool.cache_blocks */
 int
 hkv_pool_cache(Pool *pool, Group *g, PyObject *blocks, PyObject *hashes, Py_ssize_t start,
                Py_ssize_t end)

@@ -35,6 +35,7 @@ non_null_reversed(PyObject *blocks, Py_ssize_t start, Py_ssize_t end, PyObject *
 
 /* The retention rule's split of blocks[start:end]: keeps the retained ones for
  * the request, returns the released ones last first (a new list). */
+/* mirrors hybridkv.kv_cache.managers.mamba.MambaManager.split_skipped */
 static PyObject *
 split_retained(Group *g, PyObject *req, Py_ssize_t junction, PyObject *blocks,
                Py_ssize_t start, Py_ssize_t end)
@@ -100,6 +101,7 @@ release_skipped(Pool *pool, Group *g, PyObject *req, Py_ssize_t junction, PyObje
     return rc;
 }
 
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager.remove_skipped_blocks */
 int
 hkv_group_release_skipped(Pool *pool, Group *g, PyObject *req, Py_ssize_t computed,
                           Py_ssize_t junction)
@@ -173,6 +175,7 @@ release_order(PyObject *blocks, PyObject *retained)
 
 /* SingleTypeManager.free: return all the request's blocks, tail first, then
  * the retained ones; the type's rules rate them and give back protection. */
+/* mirrors hybridkv.kv_cache.managers.base.SingleTypeManager.free */
 int
 hkv_group_free(Pool *pool, Group *g, PyObject *req, Py_ssize_t junction)
 {

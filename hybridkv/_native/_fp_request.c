@@ -5,19 +5,20 @@
  * reference. */
 #include "_fastpath.h"
 
-#define MAX_TOKEN 0xFFFFFFFFUL
-
-/* 1 when obj is an exact int in [0, 2**32), else 0 (no error set). */
+/* 1 when obj is an exact int in [0, max_token], else 0 (no error set). Callers
+ * pass hkv_consts.max_token_id read once (a local: loops keep it in a register). */
 static inline int
-is_token(PyObject *obj)
+is_token(PyObject *obj, unsigned long max_token)
 {
     if (!PyLong_CheckExact(obj))
         return 0;
 #if PY_VERSION_HEX >= 0x030C0000
     if (PyUnstable_Long_IsCompact((PyLongObject *)obj))
-        return PyUnstable_Long_CompactValue((PyLongObject *)obj) >= 0;  /* below 2**30 */
+        return PyUnstable_Long_CompactValue((PyLongObject *)obj) >= 0 &&
+               (unsigned long)PyUnstable_Long_CompactValue((PyLongObject *)obj) <= max_token;
 #else
-    if (Py_SIZE(obj) == 0 || Py_SIZE(obj) == 1)  /* one 30-bit digit, non-negative */
+    if ((Py_SIZE(obj) == 0 || Py_SIZE(obj) == 1) &&  /* one 30-bit digit, non-negative */
+        max_token >= (1UL << 30) - 1)
         return 1;
 #endif
     unsigned long v = PyLong_AsUnsignedLong(obj);
@@ -25,9 +26,10 @@ is_token(PyObject *obj)
         PyErr_Clear();
         return 0;
     }
-    return v <= MAX_TOKEN;
+    return v <= max_token;
 }
 
+/* mirrors hybridkv.kv_cache.fastpath.RequestCore.append_output_token_ids */
 static PyObject *
 request_append(RequestObject *self, PyObject *token_ids)
 {
@@ -38,7 +40,7 @@ request_append(RequestObject *self, PyObject *token_ids)
             token = PyList_GET_ITEM(token_ids, 0);  /* one decoded token */
         else if (PyLong_CheckExact(token_ids))
             token = token_ids;
-        if (token != NULL && is_token(token)) {
+        if (token != NULL && is_token(token, hkv_consts.max_token_id)) {
             if (PyList_Append(tokens, token) < 0)
                 return NULL;
             Py_RETURN_NONE;
@@ -62,8 +64,9 @@ copy_tokens(PyObject *prompt)
     Py_ssize_t n = PySequence_Fast_GET_SIZE(prompt);
     PyObject **items = PySequence_Fast_ITEMS(prompt);
     PyObject *copy = PyList_New(n);
+    unsigned long max_token = hkv_consts.max_token_id;
     for (Py_ssize_t i = 0; copy != NULL && i < n; i++) {
-        if (!is_token(items[i])) {
+        if (!is_token(items[i], max_token)) {
             Py_CLEAR(copy);
             break;
         }
@@ -109,6 +112,7 @@ init_plain(RequestObject *self, PyObject *args, PyObject *kwds)
     return rc;
 }
 
+/* mirrors hybridkv.kv_cache.request.Request._init_checked */
 static int
 request_init(RequestObject *self, PyObject *args, PyObject *kwds)
 {

@@ -15,6 +15,8 @@
  *     capacity is skipped; then the least recent entries go until it fits.
  *   get(keys): the values of the longest stored prefix, refreshed so that
  *     the head ends most recent. contains / prefix_length refresh nothing.
+ *
+ * mirrors hybridkv.store.lru.LruDict
  */
 #include "_codec.h"
 

@@ -13,6 +13,8 @@
  * (the heads of chains first: a request's tail is evicted first), and
  * empties them. No Python object is made per block; the attributes of a
  * class with __slots__ are read straight from their slots.
+ *
+ * mirrors hybridkv.store.codec.PyEvictionRecorder
  */
 #include "_codec.h"
 

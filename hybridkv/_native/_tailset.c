@@ -8,6 +8,8 @@
  * tables, 8 bytes each, instead of Python sets holding the hash objects alive:
  * a fingerprint shared by two hashes (odds about n / 2**64) makes one more
  * block look like a tail block, which only stores it.
+ *
+ * mirrors hybridkv.store.selection.RecentSet
  */
 #include "_codec.h"
 

@@ -8,11 +8,15 @@ compiler and Python's headers). It keeps no state of its own: it reads and
 changes the same block records, lists, dicts and policy objects as the
 Python code, and calls the Python methods for per-type rules, the eviction
 policy and listeners. The classes below are the reference it must match
-decision for decision (`hybridkv.testing.digest` hashes every block id, hit,
+decision for decision (`hybridkv.tools.digest` hashes every block id, hit,
 stat and event over many workloads; the tests compare both paths).
 
-Without the extension (not built, or `HYBRIDKV_DISABLE_FASTPATH=1`) these
-Python bases are used; `fastpath_backend()` says which runs.
+Each `KVCacheManager` holds its backend (`manager._core`): the C
+extension's `ManagerCore` or the `ManagerCore` here, picked when it is built
+(`KVCacheManager(backend=...)`; by default C, unless the extension is not
+built or `HYBRIDKV_DISABLE_FASTPATH=1`); `fastpath_backend()` says which runs
+by default. `Request` and the block records take the C types as their base
+when the extension is loaded.
 """
 
 from __future__ import annotations
@@ -50,6 +54,33 @@ class FastPathBackend(NamedTuple):
 
 def fastpath_backend() -> FastPathBackend:
     return FastPathBackend(native is not None, NATIVE_ERROR)
+
+
+BACKENDS = ("c", "python")
+
+
+def resolve_backend(backend: str | None) -> str:
+    """The manager backend `backend` names: "c" (the C extension), "python"
+    (the reference), or None: C when it is built, unless `HYBRIDKV_DISABLE_FASTPATH=1`
+    (read now, so that it also applies to managers built after setting it).
+    Raises ValueError for another name, or "c" when the extension is not there."""
+    if backend is None:
+        warn_if_missing()
+        disabled = os.environ.get(DISABLE_ENV) == "1"
+        return "c" if native is not None and not disabled else "python"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))} or None, "
+                         f"got {backend!r}")
+    if backend == "c" and native is None:
+        raise ValueError(f"backend 'c': the C fast path is not available ({NATIVE_ERROR})")
+    return backend
+
+
+def new_core(backend: str) -> tuple[Any, type]:
+    """(a new, unbound manager backend, the type it tracks held requests with)."""
+    if backend == "c":
+        return native.ManagerCore(), native.Held
+    return ManagerCore(), Held
 
 
 _warned = False
@@ -92,10 +123,10 @@ class RequestCore:
         """
         if type(token_ids) is list and len(token_ids) == 1:  # one decoded token
             token = token_ids[0]
-            if type(token) is int and 0 <= token <= 0xFFFFFFFF:
+            if type(token) is int and 0 <= token <= MAX_TOKEN_ID:
                 self.all_token_ids.append(token)
                 return
-        elif type(token_ids) is int and 0 <= token_ids <= 0xFFFFFFFF:
+        elif type(token_ids) is int and 0 <= token_ids <= MAX_TOKEN_ID:
             self.all_token_ids.append(token_ids)
             return
         self._append_checked(token_ids)
@@ -138,45 +169,55 @@ class BlocksCore:
 # the C paths' code for a group's manager type; KIND_OTHER (a type they do not know)
 # makes the whole manager run the Python paths
 KIND_OTHER, KIND_FULL, KIND_SLIDING, KIND_CHUNKED, KIND_MAMBA = range(5)
+# no limit: a token count no request reaches (a fast-path limit that never binds)
+UNLIMITED = 1 << 62
+# the largest token id: tokens are hashed as little-endian uint32 (hashing.pack_tokens)
+MAX_TOKEN_ID = 0xFFFFFFFF
+
+
+def configure_native() -> None:
+    """Give the C extension the constants above: their one source is this module."""
+    native.configure_constants({
+        "KIND_OTHER": KIND_OTHER, "KIND_FULL": KIND_FULL, "KIND_SLIDING": KIND_SLIDING,
+        "KIND_CHUNKED": KIND_CHUNKED, "KIND_MAMBA": KIND_MAMBA, "UNLIMITED": UNLIMITED,
+        "MAX_TOKEN_ID": MAX_TOKEN_ID})
 
 
 class ManagerCore:
-    """The base of `KVCacheManager`: `allocate_slots`, whose common case (a request
-    this manager holds, an allocation under its fast-path limits) changes
-    nothing and returns at once, and the entry points the C extension
-    implements (`_allocate`, `_lookup`, `_release`): here the Python methods."""
+    """A `KVCacheManager`'s backend in pure Python (the reference of the C
+    extension's `ManagerCore`): `allocate_slots`, whose common case (a request
+    the manager holds, an allocation under its fast-path limits) changes
+    nothing and returns at once, and the entry points the C backend implements
+    (`allocate`, `lookup`, `release`): here the manager's Python methods,
+    bound by `bind`.
 
-    _held: dict[str, Any]
-    _no_blocks: Any
-    _request_type: Any = None
-    _native = False
+    The manager holds its backend (`manager._core`) and binds the backend's
+    `allocate_slots` as its own when it is built, so a decode step's call
+    runs the backend's method with no frame in between.
+    """
 
-    def _bind(self, request_type: type, blocks_type: type, pool: Any,
-              groups: list[tuple[Any, int]], alignment: int, caching: bool) -> None:
+    native = False  # the C paths serve no group here
+
+    def __init__(self) -> None:
+        self.owner: Any = None
+        self._request_type: Any = None
+
+    def bind(self, owner: Any, request_type: type, blocks_type: type, pool: Any,
+             groups: list[tuple[Any, int]], alignment: int, caching: bool) -> None:
+        """Work on `owner`'s state (its `_held` dict and shared empty result) and
+        run its Python methods; the other arguments are the C backend's view."""
+        self.owner = owner
         self._request_type = request_type
-
-    # the subclass's reference methods, with no frame in between
-    _allocate = property(lambda self: self._allocate_py)
-    _lookup = property(lambda self: self._lookup_py)
-    _release = property(lambda self: self._release_py)
+        self._held: dict[str, Any] = owner._held
+        self._no_blocks = owner._no_blocks
+        self.allocate = owner._allocate_py
+        self.lookup = owner._lookup_py
+        self.release = owner._release_py
+        self._allocate_checked = owner._allocate_checked
 
     def allocate_slots(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: Any = None) -> Any:
-        """Reserve slots for the next `num_new_tokens` tokens after the computed ones.
-
-        `num_new_computed_tokens`/`new_computed_blocks` adopt a hit from
-        `get_computed_blocks` (for a request that holds no blocks). Returns the
-        newly allocated blocks per group (not the cached full-attention blocks
-        the request takes for data it is about to recompute, which
-        `get_blocks` lists with the rest), or None, with no state change at all,
-        when the pool can't supply them now: other requests hold blocks, wait
-        for them (or preempt one).
-
-        Raises ValueError, changing nothing, for counts past the request's
-        tokens, a hit that does not match, or an allocation the pool could not
-        supply even with no other request holding blocks: waiting would never
-        help (`can_fit` tells beforehand whether a request fits at all).
-        """
+        """`KVCacheManager.allocate_slots` (see there)."""
         if type(num_new_computed_tokens) is int and num_new_computed_tokens == 0 \
                 and self._request_type is not None and isinstance(request, self._request_type):
             held = self._held.get(request.request_id)
@@ -189,11 +230,11 @@ class ManagerCore:
                 if num_tokens <= len(request.all_token_ids):
                     if num_tokens <= held.max_tokens and computed <= held.max_computed:
                         return self._no_blocks  # an allocation that changes nothing
-                    return self._allocate(held, computed, num_tokens, None,
-                                          computed > held.max_computed)
+                    return self.allocate(held, computed, num_tokens, None,
+                                         computed > held.max_computed)
         return self._allocate_checked(request, num_new_tokens, num_new_computed_tokens,
                                       new_computed_blocks)
 
-    def _allocate_checked(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int,
-                          new_computed_blocks: Any) -> Any:
-        raise NotImplementedError
+
+if native is not None:
+    configure_native()

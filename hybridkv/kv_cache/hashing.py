@@ -87,7 +87,9 @@ def _warn_fallback() -> None:
 
 
 HASH_ALGOS = ("sha256", "xxhash")
-_ALGO_IDS = {"sha256": 0, "xxhash": 1}
+_ALGO_IDS = {"sha256": 0, "xxhash": 1}  # the ids chain() takes (the C reads them here)
+if _chainhash is not None:
+    _chainhash.configure(_ALGO_IDS)
 _SEED_TEXT = b"hybridkv/block-hash/v1"
 
 BlockHash = bytes

@@ -50,11 +50,9 @@ REPEATED_MISS_WARNING = 3
 
 if TYPE_CHECKING:
     BlocksBase = fastpath.BlocksCore
-    ManagerBase = fastpath.ManagerCore
-    _Held = fastpath.Held
-else:  # the C extension's types when built, else the Python reference
-    _core = native if native is not None else fastpath
-    BlocksBase, ManagerBase, _Held = _core.BlocksCore, _core.ManagerCore, _core.Held
+else:  # the C extension's type when loaded (either backend takes it), else the reference
+    BlocksBase = native.BlocksCore if native is not None else fastpath.BlocksCore
+_Held = fastpath.Held  # what a backend tracks a held request with (its own type in C)
 
 
 class KVCacheBlocks(BlocksBase):
@@ -102,7 +100,7 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
-class KVCacheManager(ManagerBase):
+class KVCacheManager:
     """Prefix-cached KV blocks for every group of a (hybrid) model on one pool.
 
     Args:
@@ -116,15 +114,18 @@ class KVCacheManager(ManagerBase):
             time a prompt start has been looked up `REPEATED_MISS_WARNING` times
             and found nothing reusable each time: the pool may be too small for
             the working set. Counted in `prefix_cache_stats` either way.
+        backend: what runs the hot paths: "c" (the C extension), "python" (its
+            pure-Python reference, same decisions) or None (C when built and not
+            disabled by HYBRIDKV_DISABLE_FASTPATH=1). Held in `self._core`.
     """
 
     def __init__(self, kv_cache_config: KVCacheConfig, *, enable_caching: bool = True,
                  hash_algo: str = "sha256", eviction_policy: str = DEFAULT_EVICTION_POLICY,
-                 warn_repeated_misses: bool = True) -> None:
+                 warn_repeated_misses: bool = True, backend: str | None = None) -> None:
         if not isinstance(kv_cache_config, KVCacheConfig):
             raise ValueError(f"kv_cache_config must be a KVCacheConfig, "
                              f"got {type(kv_cache_config).__name__}")
-        fastpath.warn_if_missing()
+        self.backend = fastpath.resolve_backend(backend)
         self.hash_algo = check_hash_algo(hash_algo)
         self.enable_caching = bool(enable_caching)
         self.config = kv_cache_config
@@ -142,10 +143,15 @@ class KVCacheManager(ManagerBase):
         self._no_blocks = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
         self._missed_prefixes: dict[bytes, int] = {}
         self._warned = not warn_repeated_misses
+        self._core, self._held_type = fastpath.new_core(self.backend)
         groups = [(m, NATIVE_KINDS.get(type(m), fastpath.KIND_OTHER))
                   for m in self.coordinator.managers]
-        self._bind(Request, KVCacheBlocks, self.pool, groups, self.coordinator.alignment,
-                   self.enable_caching)
+        self._core.bind(self, Request, KVCacheBlocks, self.pool, groups,
+                        self.coordinator.alignment, self.enable_caching)
+        # a decode step's call runs the backend's method itself, with no frame in
+        # between (the method below says what it does); a subclass's override stays
+        if type(self).allocate_slots is KVCacheManager.allocate_slots:
+            self.allocate_slots = self._core.allocate_slots  # type: ignore[method-assign]
 
     # ---- lookups -------------------------------------------------------------
 
@@ -159,7 +165,7 @@ class KVCacheManager(ManagerBase):
             raise ValueError(f"request must be a Request, got {type(request).__name__}")
         if not self.enable_caching:
             return self._no_blocks, 0
-        return self._lookup(request)  # in C when built (ManagerBase), else _lookup_py
+        return self._core.lookup(request)  # C, or _lookup_py (the reference)
 
     def _lookup_py(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """`get_computed_blocks` after its checks (the reference of the C path)."""
@@ -215,9 +221,33 @@ class KVCacheManager(ManagerBase):
 
     # ---- allocation ----------------------------------------------------------
 
-    # allocate_slots: ManagerBase (the C extension's, or fastpath.ManagerCore) returns at
-    # once when nothing changes; an allocation of a request it holds goes to `_allocate`,
-    # any other call to `_allocate_checked`.
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None
+                       ) -> KVCacheBlocks | None:
+        """Reserve slots for the next `num_new_tokens` tokens after the computed ones.
+
+        `num_new_computed_tokens`/`new_computed_blocks` adopt a hit from
+        `get_computed_blocks` (for a request that holds no blocks). Returns the
+        newly allocated blocks per group (not the cached full-attention blocks
+        the request takes for data it is about to recompute, which
+        `get_blocks` lists with the rest), or None, with no state change at all,
+        when the pool can't supply them now: other requests hold blocks, wait
+        for them (or preempt one).
+
+        Raises ValueError, changing nothing, for counts past the request's
+        tokens, a hit that does not match, or an allocation the pool could not
+        supply even with no other request holding blocks: waiting would never
+        help (`can_fit` tells beforehand whether a request fits at all).
+
+        A built manager has its backend's `allocate_slots` bound in this
+        name (`__init__`; unless a subclass overrides it), which does what
+        this body does: a request it holds whose allocation changes nothing
+        returns at once; another allocation of a held request goes to
+        `self._core.allocate`; any other call to `_allocate_checked`.
+        """
+        return self._core.allocate_slots(request, num_new_tokens, num_new_computed_tokens,
+                                         new_computed_blocks)
 
     def _allocate_checked(self, request: Request, num_new_tokens: int,
                           num_new_computed_tokens: int,
@@ -229,13 +259,13 @@ class KVCacheManager(ManagerBase):
         computed = request.num_computed_tokens + num_new_computed_tokens
         held = self._held.get(request.request_id)  # checked: None or this request's
         if held is None:
-            held = _Held(request, self._junctions.get(request, 0))
-        return self._allocate(held, computed, num_tokens, hit)
+            held = self._held_type(request, self._junctions.get(request, 0))
+        return self._core.allocate(held, computed, num_tokens, hit)
 
     def _allocate_py(self, held: _Held, computed: int, num_tokens: int,
                      hit: GroupBlocks | None, releases: bool = True) -> KVCacheBlocks | None:
-        """Check, then commit, an allocation the caller has validated (`_allocate`
-        runs this in C when built; this is the reference).
+        """Check, then commit, an allocation the caller has validated (the C
+        backend's `allocate` runs this in C; this is the reference).
 
         `releases=False` when the request's own limits show no group
         releases a block at `computed`."""
@@ -327,7 +357,7 @@ class KVCacheManager(ManagerBase):
         if held.request is not request:
             raise ValueError(f"free: request id {request.request_id!r} is held by another "
                              f"Request object; free that one")
-        self._release(held)  # in C when built (ManagerBase), else _release_py
+        self._core.release(held)  # C, or _release_py (the reference)
 
     def _release_py(self, held: _Held) -> None:
         """`free` after its checks (the reference of the C path)."""

@@ -168,7 +168,7 @@ def custom_manager_cases() -> list:
     for caching in (True, False):
         kv = _manager([MySpec(4), SlidingWindowSpec(4, sliding_window=5)],
                       enable_caching=caching)
-        out.append(kv._native)
+        out.append(kv._core.native)
         for i in range(3):
             out += decode_cases(kv, Request(f"c{i}", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] + [i]), i)
         kv.check_integrity()

@@ -1,5 +1,7 @@
 """Second-tier hooks of the KV cache: lookups in the hit search, imports, the eviction hook."""
 
+import pytest
+
 from hybridkv import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -11,6 +13,8 @@ from hybridkv import (
 )
 from hybridkv.kv_cache.external import EXTERNAL
 from hybridkv.testing.oracles import snapshot_diff, state_snapshot
+
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
 
 
 def manager(num_blocks=40, policy="lru"):

@@ -21,10 +21,11 @@ import subprocess
 import sys
 
 import fastpath_cases
+import pytest
 
 from hybridkv.kv_cache import fastpath
-from hybridkv.testing.digest import run_digests
 from hybridkv.tools.cli import version_text
+from hybridkv.tools.digest import run_digests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,7 +41,7 @@ def _python_reference(args: list[str]) -> str:
 
 def test_replay_digests_equal_the_python_reference(native):
     with_c = run_digests(quick=True)
-    reference = json.loads(_python_reference(["-m", "hybridkv.testing.digest", "--quick"]))
+    reference = json.loads(_python_reference(["-m", "hybridkv.tools.digest", "--quick"]))
     assert len(with_c) > 50
     different = sorted(name for name in with_c if with_c[name] != reference.get(name))
     assert not different, different
@@ -57,11 +58,11 @@ def test_edge_cases_equal_the_python_reference(native):
 
 def test_the_managers_run_in_c(native):
     from hybridkv import KVCacheManager, Request
-    from hybridkv.testing.replay import make_config
+    from hybridkv.tools.replay import make_config
 
     for config in ("full", "swa", "mamba"):
         kv = KVCacheManager(make_config(config, 64))
-        assert kv._native, config
+        assert kv._core.native, config
         assert type(Request("r", [1])).__mro__[1] is native.RequestCore
 
 
@@ -74,3 +75,25 @@ def test_disabled_backend_is_named():
     out = _python_reference(["-m", "hybridkv.tools.cli", "--version"])
     assert "KV cache fast path: pure Python reference" in out
     assert fastpath.DISABLE_ENV in out
+
+
+def test_each_manager_holds_the_backend_it_was_built_with(native, monkeypatch):
+    from hybridkv import KVCacheManager
+    from hybridkv.tools.replay import make_config
+
+    c, py = (KVCacheManager(make_config("swa", 64), backend=b) for b in ("c", "python"))
+    assert type(c._core) is native.ManagerCore and type(py._core) is fastpath.ManagerCore
+    monkeypatch.setenv(fastpath.DISABLE_ENV, "1")  # read when a manager is built
+    assert KVCacheManager(make_config("swa", 64)).backend == "python"
+    assert KVCacheManager(make_config("swa", 64), backend="c").backend == "c"
+
+
+def test_the_c_backend_is_refused_when_not_loaded(monkeypatch):
+    from hybridkv import KVCacheManager
+    from hybridkv.tools.replay import make_config
+
+    monkeypatch.setattr(fastpath, "native", None)
+    monkeypatch.setattr(fastpath, "NATIVE_ERROR", "no compiled module")
+    with pytest.raises(ValueError, match=r"backend 'c': the C fast path is not available "
+                                         r"\(no compiled module\)"):
+        KVCacheManager(make_config("full", 64), backend="c")

@@ -28,6 +28,8 @@ for _rule, _rules in WITHOUT.items():
     register_eviction_policy(f"test-hybrid-without-{_rule}",
                              type(f"Without_{_rule}", (HybridPolicy,), {"rules": _rules}))
 
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
+
 
 def policy_name(without):
     return "hybrid" if without is None else f"test-hybrid-without-{without}"

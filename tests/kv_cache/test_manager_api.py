@@ -17,6 +17,8 @@ from hybridkv import (
 )
 from hybridkv.testing import state_snapshot
 
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
+
 
 def make_manager(num_blocks=16, **kw):
     groups = [KVCacheGroupSpec(["f"], FullAttentionSpec(4)),
@@ -145,3 +147,37 @@ def test_repeated_miss_warning_can_be_turned_off():
         for i in range(5):
             mgr.get_computed_blocks(Request(f"r{i}", list(range(8))))
     assert mgr.prefix_cache_stats.repeated_miss_prefixes == 1
+
+
+def test_the_manager_holds_the_backend_under_test(backend):
+    """The backend is an object the manager holds, and allocate_slots is its method."""
+    mgr = make_manager()
+    assert mgr.backend == backend and mgr._core.owner is mgr
+    assert mgr._core.native == (backend == "c")  # every group a type the C paths know
+    assert mgr.allocate_slots.__self__ is mgr._core
+    req = Request("r", list(range(9)))
+    assert mgr.allocate_slots(req, 8).get_block_ids() == ([1, 2], [3, 4])
+    req.num_computed_tokens = 8
+    assert mgr.allocate_slots(req, 1).get_block_ids() == ([5], [6])
+    # the method the class defines does what the bound one does: here, nothing
+    assert KVCacheManager.allocate_slots(mgr, req, 1) is mgr.allocate_slots(req, 1)
+
+
+def test_a_backend_name_is_checked():
+    with pytest.raises(ValueError, match="backend must be one of 'c', 'python' or None, "
+                                         "got 'rust'"):
+        make_manager(backend="rust")
+
+
+def test_a_subclass_overriding_allocate_slots_keeps_its_override():
+    calls = []
+
+    class Counting(KVCacheManager):
+        def allocate_slots(self, request, num_new_tokens, *args):
+            calls.append(num_new_tokens)
+            return super().allocate_slots(request, num_new_tokens, *args)
+
+    groups = [KVCacheGroupSpec(["f"], FullAttentionSpec(4))]
+    mgr = Counting(KVCacheConfig(8, groups))
+    assert mgr.allocate_slots(Request("r", list(range(5))), 4).get_block_ids() == ([1],)
+    assert calls == [4]

@@ -13,9 +13,11 @@ from hybridkv import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from hybridkv.testing.ideal import ClairvoyantCache, PrefixIndex, reusable_blocks, reuse_ceiling
-from hybridkv.testing.replay import ManagerAdapter, replay
+from hybridkv.tools.ideal import ClairvoyantCache, PrefixIndex, reusable_blocks, reuse_ceiling
 from hybridkv.tools.pressure_workloads import WORKLOADS, Draws, make_trace
+from hybridkv.tools.replay import ManagerAdapter, replay
+
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ Small exact scenarios; they hold on the C fast path and, with
 HYBRIDKV_DISABLE_FASTPATH=1, on the Python reference.
 """
 
+import pytest
+
 from hybridkv import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -14,6 +16,8 @@ from hybridkv import (
     SlidingWindowSpec,
 )
 from hybridkv.testing.oracles import snapshot_diff, state_snapshot
+
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
 
 B = 4
 

@@ -24,13 +24,12 @@ from itertools import chain
 from typing import ClassVar
 
 from hybridkv.kv_cache.block_pool import Block, BlockPool
+from hybridkv.kv_cache.fastpath import UNLIMITED
 from hybridkv.kv_cache.managers.protection import Protection
 from hybridkv.kv_cache.managers.retention import Retention
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import KVCacheSpec
 
-# no limit: a token count no request reaches
-UNLIMITED = 1 << 62
 # finds the block caching a hash of one group (None: not cached)
 Lookup = Callable[[bytes], "Block | None"]
 

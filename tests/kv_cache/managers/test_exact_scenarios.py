@@ -22,6 +22,8 @@ from hybridkv import (
 from hybridkv.kv_cache.managers import MambaStatePlan, mamba_state_plan
 from hybridkv.testing import snapshot_diff, state_snapshot
 
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
+
 
 def manager(specs, num_blocks):
     groups = [KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)]

@@ -1,8 +1,12 @@
 """The fast path's limits: each type's closed form equals the generic search."""
 
+import pytest
+
 from hybridkv import KVCacheConfig, KVCacheGroupSpec, KVCacheManager, Request
 from hybridkv.kv_cache.managers import SingleTypeManager
-from hybridkv.testing.fuzz import CONFIGS
+from hybridkv.tools.spec_mixes import CONFIGS
+
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
 
 
 def test_closed_form_quiet_limits_equal_the_generic_search():

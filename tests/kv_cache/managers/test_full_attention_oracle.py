@@ -15,6 +15,8 @@ import pytest
 
 from hybridkv import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager, Request
 
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
+
 
 class LRUModel:
     def __init__(self, num_blocks, block_size):

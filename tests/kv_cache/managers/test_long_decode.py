@@ -27,6 +27,8 @@ from hybridkv import (
 from hybridkv.kv_cache.managers.mamba import MambaManager
 from hybridkv.testing import decode_block_bound
 
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
+
 
 def ceil_div(a, b):
     return -(-a // b)

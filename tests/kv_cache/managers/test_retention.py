@@ -3,6 +3,8 @@
 import itertools
 import warnings
 
+import pytest
+
 from hybridkv import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -16,6 +18,8 @@ from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE
 from hybridkv.kv_cache.eviction import tiers as hybrid_eviction
 from hybridkv.kv_cache.managers.mamba import MambaManager
 from hybridkv.kv_cache.managers.sliding_window import SlidingWindowManager
+
+pytestmark = pytest.mark.both_backends  # each test runs on the C and the Python backend
 
 B = 4
 _ids = itertools.count()
