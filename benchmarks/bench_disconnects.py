@@ -1,7 +1,7 @@
 """64 concurrent streaming clients, a quarter hanging up at random points, several rounds.
 
 Starts `hybridkv serve PRESET --max-num-seqs S` and runs `--rounds` rounds of
-`--clients` concurrent streamed completions (hybridkv.testing.disconnects):
+`--clients` concurrent streamed completions (hybridkv.tools.disconnects):
 a random quarter close their connection after a random number of events, 0
 included (most of those while queued). After each round it waits until the
 server is idle and records the KV blocks held, the requests running and
@@ -26,7 +26,7 @@ import httpx
 from bench_vllm_client import free_port, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from hybridkv.testing.disconnects import problems, rss_bytes, run_round
+from hybridkv.tools.disconnects import problems, rss_bytes, run_round
 
 
 def idle_metrics(url: str, timeout: float = 60.0) -> dict[str, float]:

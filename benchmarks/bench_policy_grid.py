@@ -3,8 +3,8 @@
 Every cell is a workload shape, a block size, a pool fraction and a config
 (full attention; full + sliding window of each window size; full + Mamba),
 replayed for several trace seeds through the real KVCacheManager by a
-continuous-batching driver (hybridkv.testing.replay), once per eviction
-policy, and through the clairvoyant cache (hybridkv.testing.ideal, best of
+continuous-batching driver (hybridkv.tools.replay), once per eviction
+policy, and through the clairvoyant cache (hybridkv.tools.ideal, best of
 a few fallback spacings) on the same pool and driver. A pool fraction is a
 share of the trace's reusable full-attention working set; a config with two
 groups gets twice the blocks (the same bytes), and never fewer than the
@@ -39,9 +39,9 @@ from grid_shapes import VLLM_SHAPES, grid_trace, with_concurrency
 from vllm_policies import manager_settings
 
 from hybridkv import KVCacheManager
-from hybridkv.testing.ideal import ClairvoyantCache, PrefixIndex, reusable_blocks, reuse_ceiling
-from hybridkv.testing.replay import ManagerAdapter, make_config, replay
+from hybridkv.tools.ideal import ClairvoyantCache, PrefixIndex, reusable_blocks, reuse_ceiling
 from hybridkv.tools.pressure_workloads import WORKLOADS
+from hybridkv.tools.replay import ManagerAdapter, make_config, replay
 
 TOKEN_BUDGET = 8192
 FULL_GRID = dict(shapes=list(WORKLOADS) + list(VLLM_SHAPES), seeds=list(range(3)),

@@ -3,7 +3,7 @@
 The stream of `vllm bench serve --dataset-name prefix_repetition` with its
 settings (16 prefixes of 1,024 tokens, each used 6 times in random order, a
 64-token suffix, 64 output tokens; `grid_shapes.prefix_repetition`), through
-the replay driver (`hybridkv.testing.replay`, no model), on Gemma-3-270M's KV
+the replay driver (`hybridkv.tools.replay`, no model), on Gemma-3-270M's KV
 layout: 18 layers, 5 sliding (window 512) to 1 global, one KV head of 256,
 float32 by default (`--dtype`; the block counts of vLLM's CPU engine at 180 MiB),
 grouped by `KVCacheConfig.from_layer_specs` (one full-attention and five
@@ -60,7 +60,7 @@ def hybridkv_config(block_size: int, dtype: str):
 def run_hybridkv(policy: str, block_size: int, seed: int, in_flight: int,
                  dtype: str) -> dict[str, Any]:
     from hybridkv import KVCacheManager
-    from hybridkv.testing.replay import ManagerAdapter, replay
+    from hybridkv.tools.replay import ManagerAdapter, replay
 
     trace = with_concurrency(prefix_repetition(seed, **STREAM), in_flight)
     config = hybridkv_config(block_size, dtype)
@@ -82,7 +82,7 @@ def run_vllm(block_size: int, seed: int, in_flight: int, num_blocks: int) -> dic
     )
     from vllm_adapter import VllmAdapter
 
-    from hybridkv.testing.replay import replay
+    from hybridkv.tools.replay import replay
 
     attn = dict(block_size=block_size, num_kv_heads=1, head_size=HEAD_SIZE, dtype=torch.float32)
     kinds = layer_kinds()

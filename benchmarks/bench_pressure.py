@@ -29,8 +29,8 @@ import warnings
 
 from common import add_common_args, prepare_out, shared_bench_dir, write_result
 
-from hybridkv.testing.replay import CONFIG_GROUPS
 from hybridkv.tools.pressure import SETTINGS, run_setting
+from hybridkv.tools.replay import CONFIG_GROUPS
 
 
 def _names(text: str, known, flag: str) -> list[str]:

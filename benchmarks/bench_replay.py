@@ -4,7 +4,7 @@ The trace (`hybridkv.tools.bench_traces.shared_prefix_trace`): 2,000 requests,
 each a 1,024-token shared prefix + 256 unique tokens, then 64 decode steps;
 a pool of 4,096 blocks of 16 tokens, window 1,024, 64 requests running at
 once, 8,192 tokens per step, sha256. The continuous-batching driver
-(`hybridkv.testing.replay`) times every manager call; each config is run
+(`hybridkv.tools.replay`) times every manager call; each config is run
 `--repeats` times and the median run is reported, with the mean cost of
 each call (start = Request(), lookup, prefill and decode allocations,
 append, free). The paths that ran are recorded (`hybridkv --version`: the C
@@ -40,9 +40,9 @@ from common import add_common_args, prepare_out, shared_bench_dir, write_result
 
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
-from hybridkv.testing.replay import CONFIG_GROUPS, TIMED_CALLS, ManagerAdapter, make_config, replay
 from hybridkv.tools.bench_traces import shared_prefix_trace
 from hybridkv.tools.cli import version_text
+from hybridkv.tools.replay import CONFIG_GROUPS, TIMED_CALLS, ManagerAdapter, make_config, replay
 
 NUM_BLOCKS = 4096
 WORKING_SET = 6000  # blocks the trace holds at once at most (64 requests x 84 blocks), rounded up

@@ -50,7 +50,7 @@ import httpx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import prepare_out, write_result  # noqa: E402
 
-from hybridkv.testing.tokenizer_checkpoint import sample_text  # noqa: E402
+from hybridkv.tools.tokenizer_checkpoint import sample_text  # noqa: E402
 
 ROUTERS = ["hybridkv:hybrid-prefix", "hybridkv:prefix", "hybridkv:round-robin",
            "vllm-router:cache_aware", "vllm-router:kv_aware", "sglang-router:cache_aware"]

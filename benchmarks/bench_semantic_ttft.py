@@ -75,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
     out_dir = prepare_out(args.out)
     n = 20 if args.quick else args.requests
-    from hybridkv.testing.tokenizer_checkpoint import save_checkpoint_with_tokenizer
+    from hybridkv.tools.tokenizer_checkpoint import save_checkpoint_with_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = str(save_checkpoint_with_tokenizer(os.path.join(tmp, "ckpt")))

@@ -243,7 +243,7 @@ def overhead(args, log_dir: str) -> dict:
     import torch
 
     from hybridkv import LLM, SamplingParams
-    from hybridkv.testing.tokenizer_checkpoint import sample_text, save_checkpoint_with_tokenizer
+    from hybridkv.tools.tokenizer_checkpoint import sample_text, save_checkpoint_with_tokenizer
 
     torch.set_num_threads(1)
     model = args.preset

@@ -2,7 +2,7 @@
 
 The pressure settings of `hybridkv.tools.pressure` (round-robin multi-turn
 chat, branching few-shot headers, long-document QA; pools of 40-50% of the
-reusable working set; the driver of `hybridkv.testing.replay`) replayed through
+reusable working set; the driver of `hybridkv.tools.replay`) replayed through
 KVCacheManager with a `KVTier` over a `cpu://` store holding `--tiers` times
 the pool's block count (simulated pages: no model, the bookkeeping is the
 engine's). The hit rate counts prompt tokens reused from either tier at first
@@ -33,8 +33,8 @@ from hybridkv.store.pages import SimulatedPages
 from hybridkv.store.payload import HEADER_BYTES
 from hybridkv.store.tier import KVTier
 from hybridkv.store.writer import DEFAULT_INLINE_BYTES
-from hybridkv.testing.replay import ManagerAdapter, make_config, replay
 from hybridkv.tools.pressure import MAX_BATCHED_TOKENS, SETTINGS, pool_blocks
+from hybridkv.tools.replay import ManagerAdapter, make_config, replay
 from hybridkv.tools.traces import reuse_stats
 
 PAGE_BYTES = 64  # simulated block data: the store is sized in blocks, not bytes

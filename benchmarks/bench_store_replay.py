@@ -33,8 +33,8 @@ from common import add_common_args, prepare_out, write_result
 
 from hybridkv.store.codec import codec_backend
 from hybridkv.store.writer import DEFAULT_INLINE_BYTES
-from hybridkv.testing.replay import make_config, replay
 from hybridkv.tools.bench_traces import shared_prefix_trace
+from hybridkv.tools.replay import make_config, replay
 
 NUM_BLOCKS = 4096
 

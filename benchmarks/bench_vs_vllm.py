@@ -3,7 +3,7 @@
 The trace is the project's own (`shared_prefix_trace`: 2,000 requests, a
 1,024-token shared prefix + 256 unique tokens, then 64 decode steps), written
 once to a trace file that both sides read and check against its fingerprint.
-Both sides run the same replay driver (`hybridkv.testing.replay`: 64 running,
+Both sides run the same replay driver (`hybridkv.tools.replay`: 64 running,
 8,192 tokens per step) over a pool of 4,096 blocks of 16 tokens with sha256
 block hashes, on three configs: full attention, full + sliding window 1,024,
 full + Mamba. vLLM's side is its v1 `KVCacheManager` driven the way its
@@ -44,8 +44,8 @@ import time
 
 from common import add_common_args, prepare_out, write_result
 
-from hybridkv.testing.replay import CONFIG_GROUPS
 from hybridkv.tools.bench_traces import shared_prefix_trace
+from hybridkv.tools.replay import CONFIG_GROUPS
 from hybridkv.tools.trace_file import save_trace
 
 HERE = os.path.dirname(os.path.abspath(__file__))

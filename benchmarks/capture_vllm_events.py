@@ -45,7 +45,7 @@ def build_checkpoint(path: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     from hybridkv.models.presets import get_preset
-    from hybridkv.testing.tokenizer_checkpoint import train_tokenizer
+    from hybridkv.tools.tokenizer_checkpoint import train_tokenizer
 
     config = get_preset("gemma3-tiny").build_config()
     config.head_dim = 32

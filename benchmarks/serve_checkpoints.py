@@ -4,7 +4,7 @@ vLLM's CPU attention takes head sizes of 32 and up, so the presets (head size 16
 re-made at head size 32. `270m` is the Gemma 3 270M shape (18 layers, 5 sliding : 1
 global, window 512, head size 256, one KV head, hidden 640, MLP 2,048) with the presets'
 vocabulary: about 100M parameters. Weights are random (seeded); the tokenizer is the
-small byte-level BPE of `hybridkv.testing.tokenizer_checkpoint`, with a chat template.
+small byte-level BPE of `hybridkv.tools.tokenizer_checkpoint`, with a chat template.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.models.presets import get_preset
-from hybridkv.testing.tokenizer_checkpoint import train_tokenizer
+from hybridkv.tools.tokenizer_checkpoint import train_tokenizer
 
 GEMMA3_270M_SHAPE = {
     "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,

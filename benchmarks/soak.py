@@ -1,4 +1,4 @@
-"""Soak the KVCacheManager fuzz machine (hybridkv.testing.fuzz) for a given time.
+"""Soak the KVCacheManager fuzz machine (tests/support/fuzz.py) for a given time.
 
 Runs fresh random examples of the stateful machine over every config and
 both eviction policies until the time is up; prints the examples run, the
@@ -8,17 +8,23 @@ program), and writes DIR/soak.json (`--out DIR`).
     python benchmarks/soak.py --minutes 5 [--configs full,sliding] [--examples-per-run 50]
         [--out DIR] [--quick]
 
-Exit code 1 when a violation was found.
+Exit code 1 when a violation was found. The machine is the test suite's, so this
+needs the test extra (`pip install -e ".[test]"`: hypothesis).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from common import add_common_args, prepare_out, write_result
 
-from hybridkv.testing.fuzz import CONFIGS, run_fuzz
+from hybridkv.tools.spec_mixes import CONFIGS
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tests"))
+from support.fuzz import run_fuzz  # noqa: E402 - the test suite's machine
 
 
 def main(argv: list[str] | None = None) -> int:

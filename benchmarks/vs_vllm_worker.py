@@ -4,7 +4,7 @@ Run by `bench_vs_vllm.py`, once per side, config and round, each in a fresh
 process: `--side hybridkv` under the Python that runs the comparison,
 `--side vllm` under the one that has vLLM (both with this checkout on
 PYTHONPATH, so both use the same trace reader and replay driver,
-`hybridkv.testing.replay`). The worker loads the trace, refuses it if its
+`hybridkv.tools.replay`). The worker loads the trace, refuses it if its
 fingerprint is not `--fingerprint`, replays the first `--warmup` requests on
 a manager of its own (untimed: first-call costs), then the whole trace on a
 fresh manager, and prints one line `RESULT {json}`: requests/s and per-call
@@ -26,7 +26,7 @@ import warnings
 from common import add_replay_args
 
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
-from hybridkv.testing.replay import CONFIG_GROUPS, ManagerAdapter, make_config, replay
+from hybridkv.tools.replay import CONFIG_GROUPS, ManagerAdapter, make_config, replay
 from hybridkv.tools.trace_file import load_trace
 
 SIDES = ("hybridkv", "vllm")

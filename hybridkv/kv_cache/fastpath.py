@@ -8,7 +8,7 @@ compiler and Python's headers). It keeps no state of its own: it reads and
 changes the same block records, lists, dicts and policy objects as the
 Python code, and calls the Python methods for per-type rules, the eviction
 policy and listeners. The classes below are the reference it must match
-decision for decision (`hybridkv.testing.digest` hashes every block id, hit,
+decision for decision (`hybridkv.tools.digest` hashes every block id, hit,
 stat and event over many workloads; the tests compare both paths).
 
 Without the extension (not built, or `HYBRIDKV_DISABLE_FASTPATH=1`) these

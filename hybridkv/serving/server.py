@@ -40,14 +40,9 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _kv_cache_bytes(text: str | None) -> int | None:
-    if text is None:
-        return None
-    from hybridkv.tools.simulate import parse_bytes
+    from hybridkv.kv_cache.checks import parse_bytes
 
-    try:
-        return parse_bytes(text)
-    except ValueError:
-        raise ValueError(f"--kv-cache-bytes {text!r} is not a size like 64MiB") from None
+    return None if text is None else parse_bytes(text, "--kv-cache-bytes")
 
 
 def build_llm(args: argparse.Namespace) -> Any:

@@ -7,7 +7,13 @@ Run the suite on your own manager (pytest-friendly: `report.assert_ok()`)::
     report.assert_ok()
 
 `run_hybrid_conformance(specs)` checks a group mix against the hybrid rule;
-the oracles and brute-force helpers are usable on their own.
+the oracles and brute-force helpers are usable on their own. For model
+runners, `hybridkv.testing.models` holds the reference decode
+(`hf_greedy_no_cache`: Hugging Face's forward, no cache) and `slow_decay`
+(makes Mamba state matter); it needs torch, so it is not imported here.
+
+This package depends on `kv_cache` only (and torch in `models`). The replay
+driver, the clairvoyant cache and the digests are in `hybridkv.tools`.
 """
 
 from hybridkv.testing.conformance import (

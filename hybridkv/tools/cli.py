@@ -128,8 +128,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
         check_output_dir(args.out)
         return run_cluster(args)
-    from hybridkv.kv_cache.checks import check_int
-    from hybridkv.tools.simulate import parse_bytes, parse_sweep, run_simulate
+    from hybridkv.kv_cache.checks import check_int, parse_bytes
+    from hybridkv.tools.simulate import parse_sweep, run_simulate
 
     if not args.model or not args.memory:
         raise ValueError("the following arguments are required: --model, --memory "

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
-from hybridkv.testing.replay import CONFIG_GROUPS, ManagerAdapter, make_config, replay
 from hybridkv.tools.bench_traces import branching_fewshot, long_doc_qa, multi_turn_round_robin
+from hybridkv.tools.replay import CONFIG_GROUPS, ManagerAdapter, make_config, replay
 from hybridkv.tools.traces import ReuseStats, Trace, reuse_stats
 
 MAX_BATCHED_TOKENS = 8192

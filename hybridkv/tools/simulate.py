@@ -18,42 +18,16 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import warnings
 from dataclasses import dataclass, field
 
 from hybridkv.engine.sampling import SamplingParams
 from hybridkv.engine.scheduler import Scheduler, SeqState
-from hybridkv.kv_cache.checks import check_int
+from hybridkv.kv_cache.checks import check_int, format_bytes, parse_bytes
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
 from hybridkv.tools.workloads import BUILTIN_TRACES, ChatWorkload, few_shot, shared_documents
-
-# SI prefixes are decimal (GB = 10**9 bytes), IEC prefixes binary (GiB = 2**30 bytes)
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str) -> int:
-    """'40GB' -> 40 * 10**9, '40GiB' -> 40 * 2**30, '1e9' -> bytes; ValueError naming the text.
-
-    Units are case-insensitive; SI units (kB, MB, GB, TB) are decimal and IEC
-    units (KiB, MiB, GiB, TiB) binary, so 40GB is 37.25 GiB.
-    """
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"--memory {text!r} is not a size like 40GB (decimal) or 40GiB "
-                         f"(binary); units: kB MB GB TB KiB MiB GiB TiB")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"--memory {text!r} must be positive")
-    return value
-
-
-def format_bytes(num_bytes: int) -> str:
-    """'40.00 GB (37.25 GiB)': both unit systems, so neither is mistaken for the other."""
-    return f"{num_bytes / 10**9:,.2f} GB ({num_bytes / 2**30:,.2f} GiB)"
 
 
 def parse_sweep(text: str) -> list[float]:

@@ -18,7 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridkv.testing.ideal import PrefixIndex, reusable_blocks, reuse_ceiling
+from hybridkv.tools.ideal import PrefixIndex, reusable_blocks, reuse_ceiling
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class ReuseStats:
 
 
 def reuse_stats(trace: Trace, block_size: int = 16) -> ReuseStats:
-    """The working set and hit-rate ceiling of `trace` (`hybridkv.testing.ideal.PrefixIndex`:
+    """The working set and hit-rate ceiling of `trace` (`hybridkv.tools.ideal.PrefixIndex`:
     a request's hit is the longest run of its leading blocks that earlier requests,
     prompts and outputs, produced, capped below its last prompt token)."""
     index = PrefixIndex(trace.requests, block_size)

@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
+from hybridkv.kv_cache.checks import parse_bytes
 from hybridkv.models.layouts import KNOWN_MODELS, model_layout
 from hybridkv.tools.cli import main
-from hybridkv.tools.simulate import load_trace, parse_bytes, simulate
+from hybridkv.tools.simulate import load_trace, simulate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -16,9 +16,10 @@ import sys
 import pytest
 
 from hybridkv import __version__
+from hybridkv.kv_cache.checks import format_bytes, parse_bytes
 from hybridkv.kv_cache.hashing import hashing_backend
 from hybridkv.tools import cli
-from hybridkv.tools.simulate import format_bytes, parse_bytes, parse_sweep
+from hybridkv.tools.simulate import parse_sweep
 
 
 def run_cli(*args, cwd=None):

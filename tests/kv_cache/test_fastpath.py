@@ -23,8 +23,8 @@ import sys
 import fastpath_cases
 
 from hybridkv.kv_cache import fastpath
-from hybridkv.testing.digest import run_digests
 from hybridkv.tools.cli import version_text
+from hybridkv.tools.digest import run_digests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,7 +40,7 @@ def _python_reference(args: list[str]) -> str:
 
 def test_replay_digests_equal_the_python_reference(native):
     with_c = run_digests(quick=True)
-    reference = json.loads(_python_reference(["-m", "hybridkv.testing.digest", "--quick"]))
+    reference = json.loads(_python_reference(["-m", "hybridkv.tools.digest", "--quick"]))
     assert len(with_c) > 50
     different = sorted(name for name in with_c if with_c[name] != reference.get(name))
     assert not different, different
@@ -57,7 +57,7 @@ def test_edge_cases_equal_the_python_reference(native):
 
 def test_the_managers_run_in_c(native):
     from hybridkv import KVCacheManager, Request
-    from hybridkv.testing.replay import make_config
+    from hybridkv.tools.replay import make_config
 
     for config in ("full", "swa", "mamba"):
         kv = KVCacheManager(make_config(config, 64))

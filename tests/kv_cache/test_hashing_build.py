@@ -123,7 +123,7 @@ HASH_TWICE = ("from hybridkv import compute_block_hashes as h; "
               "h(list(range(64)), 16); h(list(range(64)), 16, hash_algo='xxhash')")
 
 
-MAKE_MANAGER = ("from hybridkv import KVCacheManager; from hybridkv.testing.replay import "
+MAKE_MANAGER = ("from hybridkv import KVCacheManager; from hybridkv.tools.replay import "
                 "make_config; KVCacheManager(make_config('full', 8)); "
                 "KVCacheManager(make_config('swa', 8))")
 

@@ -13,9 +13,9 @@ from hybridkv import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from hybridkv.testing.ideal import ClairvoyantCache, PrefixIndex, reusable_blocks, reuse_ceiling
-from hybridkv.testing.replay import ManagerAdapter, replay
+from hybridkv.tools.ideal import ClairvoyantCache, PrefixIndex, reusable_blocks, reuse_ceiling
 from hybridkv.tools.pressure_workloads import WORKLOADS, Draws, make_trace
+from hybridkv.tools.replay import ManagerAdapter, replay
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from hybridkv.kv_cache.specs import (
     SlidingWindowSpec,
 )
 from hybridkv.serving.router import rules
-from hybridkv.testing.fuzz import CONFIGS
 from hybridkv.testing.oracles import cached_positions
+from hybridkv.tools.spec_mixes import CONFIGS
 
 EXTRA_CONFIGS = {
     # groups of one spec form one reuse class: a hash counts when all of them cache it

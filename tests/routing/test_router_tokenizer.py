@@ -7,7 +7,7 @@ import pytest
 
 from hybridkv.engine.chat import render_chat
 from hybridkv.serving.router.app import load_local_tokenizer, local_tokens
-from hybridkv.testing.tokenizer_checkpoint import train_tokenizer
+from hybridkv.tools.tokenizer_checkpoint import train_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 from redis_fixture import RedisProcess
 from server_process import serve
 
-from hybridkv.testing.tokenizer_checkpoint import save_checkpoint_with_tokenizer
+from hybridkv.tools.tokenizer_checkpoint import save_checkpoint_with_tokenizer
 
 MODEL = "tiny-chat"
 

@@ -4,7 +4,7 @@ import pytest
 from server_process import serve
 
 from hybridkv import LLM
-from hybridkv.testing.tokenizer_checkpoint import save_checkpoint_with_tokenizer
+from hybridkv.tools.tokenizer_checkpoint import save_checkpoint_with_tokenizer
 
 API_KEY = "test-key"
 

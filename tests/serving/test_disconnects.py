@@ -8,7 +8,7 @@ import time
 import pytest
 from server_process import serve
 
-from hybridkv.testing.disconnects import problems, rss_bytes, run_round
+from hybridkv.tools.disconnects import problems, rss_bytes, run_round
 
 MODEL = "gemma3-tiny"
 

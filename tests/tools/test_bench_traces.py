@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
-from hybridkv.testing.replay import ManagerAdapter, make_config, replay
 from hybridkv.tools.bench_traces import (
     TokenStream,
     branching_fewshot,
@@ -22,6 +21,7 @@ from hybridkv.tools.bench_traces import (
     shared_prefix_trace,
 )
 from hybridkv.tools.pressure import SETTINGS, run_setting
+from hybridkv.tools.replay import ManagerAdapter, make_config, replay
 from hybridkv.tools.traces import reuse_stats
 
 

@@ -18,8 +18,8 @@ import sys
 import pytest
 
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
-from hybridkv.testing.replay import ManagerAdapter, make_config, replay
 from hybridkv.tools.bench_traces import multi_turn_round_robin, shared_prefix_trace
+from hybridkv.tools.replay import ManagerAdapter, make_config, replay
 from hybridkv.tools.trace_file import MAGIC, load_trace, save_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -2,7 +2,7 @@
 
 from hybridkv import KVCacheConfig, KVCacheGroupSpec, KVCacheManager, Request
 from hybridkv.kv_cache.managers import SingleTypeManager
-from hybridkv.testing.fuzz import CONFIGS
+from hybridkv.tools.spec_mixes import CONFIGS
 
 
 def test_closed_form_quiet_limits_equal_the_generic_search():

@@ -23,9 +23,9 @@ refused allocation must leave `state_snapshot` unchanged.
     from hypothesis.stateful import run_state_machine_as_test
     run_state_machine_as_test(make_machine(["full_sliding_mamba"]))
 
-The machine itself (`fuzz_machine`) needs hypothesis, a test extra
-(`pip install "hybridkv[test]"`); this module imports it only when a machine
-is made.
+The configs are `hybridkv.tools.spec_mixes.CONFIGS`; the machine itself is
+`fuzz_machine` (it imports this module's constants, so it is imported when a
+machine is made).
 
 `run_fuzz(seconds=...)` keeps running fresh examples until time is up and
 returns what it ran and every failure it found.
@@ -37,39 +37,16 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from hybridkv.kv_cache.specs import (
-    ChunkedLocalAttentionSpec,
-    FullAttentionSpec,
-    KVCacheSpec,
-    MambaSpec,
-    SinkFullAttentionSpec,
-    SlidingWindowSpec,
-)
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from hybridkv.tools.spec_mixes import CONFIGS
 
 if TYPE_CHECKING:
-    from hybridkv.testing.fuzz_machine import KVCacheMachine
+    from support.fuzz_machine import KVCacheMachine
 
-Full, Sliding, Chunked = FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec
-
-CONFIGS: dict[str, tuple[KVCacheSpec, ...]] = {
-    "full": (Full(4),),
-    "sliding": (Sliding(4, sliding_window=6),),
-    "chunked": (Chunked(4, attention_chunk_size=8),),
-    "mamba": (MambaSpec(4),),
-    "full_sliding_mixed_blocks": (Full(8), Sliding(4, sliding_window=9)),
-    "full_sliding_small_blocks": (Full(2), Sliding(6, sliding_window=5)),
-    "full_chunked": (Full(4), Chunked(2, attention_chunk_size=6)),
-    "full_mamba_interval": (Full(4), MambaSpec(4, checkpoint_interval=3)),
-    "sliding_mamba_interval": (Sliding(4, sliding_window=5), MambaSpec(4, checkpoint_interval=2)),
-    "full_sliding_mamba": (Full(4), Sliding(8, sliding_window=12), MambaSpec(4)),
-    "sink_full_sliding": (SinkFullAttentionSpec(4, sink_len=4), Sliding(4, sliding_window=5)),
-    "sliding_sinks": (Sliding(4, sliding_window=6, num_sink_tokens=3),),
-    "sinks_mamba": (SinkFullAttentionSpec(2, sink_len=4),
-                    Sliding(2, sliding_window=3, num_sink_tokens=2), MambaSpec(2)),
-}
 EVICTION_POLICIES = ("lru", "hybrid")
 VOCAB = 6  # a small alphabet: unrelated requests share short prefixes too
 MAX_PROMPT = 40  # tokens cut from a base; follow-up turns reach twice that
@@ -100,18 +77,6 @@ class FuzzStats:
         return {**out, "configs": dict(sorted(self.configs.items()))}
 
 
-def _machine_module() -> ModuleType:
-    """hybridkv.testing.fuzz_machine, or ImportError saying how to get hypothesis."""
-    try:
-        import hypothesis  # noqa: F401
-    except ImportError as error:
-        raise ImportError("the fuzz machine needs hypothesis, a test extra: "
-                          "pip install 'hybridkv[test]'") from error
-    from hybridkv.testing import fuzz_machine
-
-    return fuzz_machine
-
-
 def make_machine(config_names: Sequence[str] | None = None,
                  policies: Sequence[str] = EVICTION_POLICIES,
                  stats: FuzzStats | None = None,
@@ -128,14 +93,14 @@ def make_machine(config_names: Sequence[str] | None = None,
         raise ValueError(f"eviction policies {bad or policies!r}; use {EVICTION_POLICIES}")
     attrs = {"config_names": tuple(names), "policies": tuple(policies),
              "stats": stats if stats is not None else FuzzStats(), "check_oracle": check_oracle}
-    return type("KVCacheMachine", (_machine_module().KVCacheMachine,), attrs)
+    from support.fuzz_machine import KVCacheMachine  # the machine imports this module
+
+    return type("KVCacheMachine", (KVCacheMachine,), attrs)
 
 
 def fuzz_settings(max_examples: int, *, steps: int = 50, derandomize: bool = True,
                   shrink: bool = True) -> Any:
     """Hypothesis settings for the machine (no example database, no deadline)."""
-    from hypothesis import HealthCheck, Phase, settings
-
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
     return settings(max_examples=max_examples, stateful_step_count=steps, deadline=None,
                     derandomize=derandomize, database=None, phases=phases,
@@ -160,8 +125,6 @@ def run_fuzz(seconds: float, *, config_names: Sequence[str] | None = None,
     run is shrunk and its minimal program recorded, then fuzzing continues.
     """
     machine = make_machine(config_names)
-    from hypothesis.stateful import run_state_machine_as_test
-
     violations: list[str] = []
     start, runs = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:

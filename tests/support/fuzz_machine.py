@@ -1,4 +1,4 @@
-"""The hypothesis state machine of `hybridkv.testing.fuzz` (see there); needs hypothesis."""
+"""The hypothesis state machine of `support.fuzz` (see there)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,15 @@ from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import SinkFullAttentionSpec
-from hybridkv.testing.fuzz import (
+from hybridkv.testing.oracles import (
+    holder_problem,
+    hybrid_expectation,
+    snapshot_diff,
+    state_snapshot,
+)
+from hybridkv.tools.spec_mixes import CONFIGS
+from support.fuzz import (
     BASES,
-    CONFIGS,
     EVICTION_POLICIES,
     LORAS,
     MAX_PROMPT,
@@ -29,13 +35,7 @@ from hybridkv.testing.fuzz import (
     VOCAB,
     FuzzStats,
 )
-from hybridkv.testing.oracles import (
-    holder_problem,
-    hybrid_expectation,
-    snapshot_diff,
-    state_snapshot,
-)
-from hybridkv.testing.shadow import ShadowCache, ShadowViolation
+from support.shadow import ShadowCache, ShadowViolation
 
 
 class KVCacheMachine(RuleBasedStateMachine):

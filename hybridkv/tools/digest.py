@@ -21,7 +21,7 @@ error), the request's block ids and retained block ids after it; at the end
 the prefix-cache stats, the free queue in eviction order and the hash map;
 in scenarios with listeners, every event and evicted or stale block.
 
-    python -m hybridkv.testing.digest [--quick] [--only PREFIX]
+    python -m hybridkv.tools.digest [--quick] [--only PREFIX]
 
 prints one JSON object: scenario -> digest (16 hex digits), and `all`.
 """
@@ -38,10 +38,10 @@ from functools import partial
 from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
 from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
 from hybridkv.kv_cache.specs import FullAttentionSpec, MambaSpec, SlidingWindowSpec
-from hybridkv.testing.digest_traffic import RandomTraffic, Recorder, TraceDriver
-from hybridkv.testing.fuzz import CONFIGS
 from hybridkv.tools.bench_traces import shared_prefix_trace
+from hybridkv.tools.digest_traffic import RandomTraffic, Recorder, TraceDriver
 from hybridkv.tools.pressure import SETTINGS, pool_blocks, reuse_stats
+from hybridkv.tools.spec_mixes import CONFIGS
 
 POLICIES = ("lru", "hybrid")
 

@@ -6,7 +6,7 @@ longest prefix earlier requests produced, which is what an infinite pool
 would reuse (`reuse_ceiling`). `reusable_blocks` is the working set a pool
 competes for.
 
-`ClairvoyantCache` is a `hybridkv.testing.replay.CacheAdapter` that knows
+`ClairvoyantCache` is a `hybridkv.tools.replay.CacheAdapter` that knows
 the whole trace. Its reuse rules are the library's (a hit needs every
 full-attention block before it, the window before it for a sliding window,
 the state at it for Mamba), and its pool has the same number of blocks,
@@ -35,7 +35,7 @@ import heapq
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from hybridkv.testing.replay import TraceLike
+from hybridkv.tools.replay import TraceLike
 
 _NEVER = 1 << 60
 _ANON = -1  # a block holding data no lookup can find (a partial block)

@@ -1,4 +1,4 @@
-"""What `hybridkv.testing.digest` replays, and how it records: a scheduler loop over
+"""What `hybridkv.tools.digest` replays, and how it records: a scheduler loop over
 trace requests, seeded random traffic, and the recorder.
 
 `TraceDriver` is a small continuous-batching loop of its own (running requests

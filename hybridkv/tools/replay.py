@@ -13,7 +13,7 @@ what a request leaves cached is the same whichever cache serves it.
 
 The driver talks to a `CacheAdapter`: `ManagerAdapter` is the one over
 `KVCacheManager` (its public API only), and
-`hybridkv.testing.ideal.ClairvoyantCache` is a clairvoyant one, so a real
+`hybridkv.tools.ideal.ClairvoyantCache` is a clairvoyant one, so a real
 policy and the yardstick see the same schedule rules. The hit rate counts
 the tokens reused at each request's first admission over its prompt tokens.
 With `timed=True` every adapter call is timed, so requests/s is the cache's
