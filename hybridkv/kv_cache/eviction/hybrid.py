@@ -1,4 +1,5 @@
-"""`hybrid`: the default policy, five rules over five queues.
+"""`hybrid`: five rules over five queues (Python only; `tiered` stays the default
+until this policy has a C twin).
 
 Free blocks sit in five queues, taken from in this order (docs/eviction.md
 states each rule with the measurement that keeps it):

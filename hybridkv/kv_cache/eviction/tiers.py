@@ -1,5 +1,5 @@
-"""`tiered`: the former default policy, six tiers (kept while its C core,
-`HybridCore`, is the fast path it runs on; the default is now `hybrid`).
+"""`tiered`: the default policy, six tiers on its C core (`HybridCore`); `hybrid`
+(five rules) replaces it as the default once it has a C twin of its own.
 
 Free blocks sit in tiers; a block is taken from the lowest non-empty tier:
 
