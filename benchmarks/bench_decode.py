@@ -55,8 +55,10 @@ def prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int
     return [torch.randint(3, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
 
 
-def decode_step_times(llm: LLM, batch: list[list[int]], max_tokens: int) -> list[float]:
-    """Wall time of every step of `batch` that only decodes."""
+def decode_step_times(llm: LLM, batch: list[list[int]], max_tokens: int,
+                      cpu_times: list[float] | None = None) -> list[float]:
+    """Wall time of every step of `batch` that only decodes (and, into `cpu_times`, the
+    process's CPU time of each: on a shared machine, the part a busy core does not add)."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     for p in batch:
         llm.add_request(p, params)
@@ -64,18 +66,23 @@ def decode_step_times(llm: LLM, batch: list[list[int]], max_tokens: int) -> list
     while llm.has_unfinished_requests():
         decoding = all(s.request.num_computed_tokens >= s.request.num_prompt_tokens
                        for s in llm.scheduler.running) and not llm.scheduler.waiting
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         llm.step()
         if decoding:
             times.append(time.perf_counter() - t0)
+            if cpu_times is not None:
+                cpu_times.append(time.process_time() - c0)
     return times
 
 
-def summary(times: list[float], batch: int) -> dict:
+def summary(times: list[float], batch: int, cpu_times: list[float] | None = None) -> dict:
     q = statistics.quantiles(times, n=10)
     med = statistics.median(times)
-    return {"steps": len(times), "step_ms_median": med * 1e3, "step_ms_p10": q[0] * 1e3,
-            "step_ms_p90": q[-1] * 1e3, "tokens_per_s": batch / med}
+    out = {"steps": len(times), "step_ms_median": med * 1e3, "step_ms_p10": q[0] * 1e3,
+           "step_ms_p90": q[-1] * 1e3, "tokens_per_s": batch / med}
+    if cpu_times:
+        out["cpu_ms_median"] = statistics.median(cpu_times) * 1e3
+    return out
 
 
 def main() -> None:
@@ -91,6 +98,8 @@ def main() -> None:
     ap.add_argument("--compare-attention", action="store_true",
                     help="alternate decode steps between the fused decode attention and the "
                          "tiled path it replaced, in one process; report both")
+    ap.add_argument("--no-prepack", action="store_true",
+                    help="LLM(prepack_weights=False): linear weights unpacked")
     ap.add_argument("--profile", choices=["cprofile", "torch"], default=None)
     add_common_args(ap)
     args = ap.parse_args()
@@ -98,8 +107,9 @@ def main() -> None:
     if args.quick:
         args.repeats, args.max_tokens = 1, 16
     torch.set_num_threads(int(os.environ.get("HYBRIDKV_BENCH_THREADS", torch.get_num_threads())))
+    extra = {"prepack_weights": False} if args.no_prepack else {}
     llm = LLM(build_model(args.model), block_size=args.block_size,
-              kv_cache_memory_bytes=1 << 30)
+              kv_cache_memory_bytes=1 << 30, **extra)
     llm.executor.small_step_threads = (None if args.small_step_threads == "none"
                                        else int(args.small_step_threads))
     vocab = llm.runner.vocab_size
@@ -113,8 +123,10 @@ def main() -> None:
     runs = []
     for r in range(args.repeats):
         llm.kv.reset_prefix_cache()
+        cpu: list[float] = []
         runs.append(summary(decode_step_times(
-            llm, prompts(args.batch, args.prompt_len, vocab, r), args.max_tokens), args.batch))
+            llm, prompts(args.batch, args.prompt_len, vocab, r), args.max_tokens, cpu),
+            args.batch, cpu))
         print(f"repeat {r}: {runs[-1]}", flush=True)
     result = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len,
               "max_tokens": args.max_tokens, "block_size": args.block_size,
@@ -122,9 +134,11 @@ def main() -> None:
               "small_step_threads": args.small_step_threads,
               "load_average": os.getloadavg(), "runs": runs,
               "step_ms_median": statistics.median(r["step_ms_median"] for r in runs),
+              "cpu_ms_median": statistics.median(r["cpu_ms_median"] for r in runs),
               "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in runs)}
     print(write_result(f"decode_{args.model}", result, out))
-    print(f"median step {result['step_ms_median']:.2f} ms, "
+    print(f"median step {result['step_ms_median']:.2f} ms "
+          f"(CPU {result['cpu_ms_median']:.2f} ms), "
           f"{result['tokens_per_s_median']:.1f} tokens/s")
 
 

@@ -1,8 +1,8 @@
-/* HybridCore: the tiers of the `hybrid` eviction policy in C.
+/* HybridCore: the tiers of the `tiered` eviction policy in C.
  *
- * The rules are eviction/hybrid.py's (`HybridTiers` there is the pure-Python
- * reference this matches decision for decision); HybridPolicy subclasses this
- * type when the extension is built and gives it the rules' constants. Each
+ * The rules are eviction/tiers.py's (`HybridTiers` there is the pure-Python
+ * reference this matches decision for decision); TieredPolicy subclasses this
+ * type when the extension is built and gives it the rules' constants (TierRules). Each
  * tier is a doubly linked list threaded through the blocks themselves
  * (BlockObject.q_*, _fp_hybrid.h), holding a reference to each block:
  * every operation is O(1) per block whatever the pool size. The head of a
@@ -414,7 +414,7 @@ PyTypeObject HKV_HybridCoreType = {
     .tp_name = "hybridkv._native._fastpath.HybridCore",
     .tp_basicsize = sizeof(HybridObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = PyDoc_STR("Base of HybridPolicy: its tiers in C (see eviction/hybrid.py)."),
+    .tp_doc = PyDoc_STR("Base of TieredPolicy: its tiers in C (see eviction/tiers.py)."),
     .tp_new = hybrid_new,
     .tp_init = (initproc)hybrid_init,
     .tp_dealloc = (destructor)hybrid_dealloc,

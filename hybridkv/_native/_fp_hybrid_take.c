@@ -1,7 +1,7 @@
 /* HybridCore.take: the next blocks to reuse, from the lowest non-empty tier;
  * aging, the stale-data rule, LRU order while the LRU votes win, the watched and
  * remembered evictions (the reference: HybridTiers.take, _take, _take_fresh,
- * _take_lru, _evicted_fresh and _age in eviction/hybrid.py). */
+ * _take_lru, _evicted_fresh and _age in eviction/tiers.py). */
 #include "_fp_hybrid.h"
 
 #include <math.h>

@@ -75,6 +75,10 @@ class LLM:
     prefixes the pool lacks are read back (`kv_store_write_through`: write
     blocks when computed instead; `kv_store_select`: "hybrid" or "all", which
     evicted blocks to keep). See docs/kv_tiers.md.
+
+    `prepack_weights` (CPU, float32): keep a oneDNN-packed copy of the linear
+    weights for decode-sized steps (faster decode; a second copy of those
+    weights in memory; weights changed after start-up are not seen by it).
     """
 
     def __init__(self, model: Any, *, enable_prefix_caching: bool = True, block_size: int = 16,
@@ -83,11 +87,14 @@ class LLM:
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  hash_algo: str = "sha256", eviction_policy: str = "hybrid",
                  poison_kv_cache: bool = False, tokenizer: Any = None, kv_store: Any = None,
-                 kv_store_write_through: bool = False, kv_store_select: str = "hybrid") -> None:
+                 kv_store_write_through: bool = False, kv_store_select: str = "hybrid",
+                 prepack_weights: bool = True) -> None:
         self.runner = load_model(model, dtype=dtype, seed=seed)
         self.tokenizer = load_tokenizer(model, tokenizer)
         if device != "cpu":
             self.runner.model.to(device)
+        elif prepack_weights:
+            self.runner.prepack_weights()
         self.config = self._kv_cache_config(block_size, num_blocks, kv_cache_memory_bytes)
         _check_device_memory(self.config, device)
         self.kv = KVCacheManager(self.config, enable_caching=enable_prefix_caching,

@@ -31,6 +31,7 @@ import torch
 from hybridkv.kernels.attention_batched import Tile, attend_group, group_tiles, plan_tiles
 from hybridkv.kernels.attention_decode import decode_attention, decode_layout, is_decode_batch
 from hybridkv.kernels.attention_flash import can_use_flash_attention, flash_paged_attention
+from hybridkv.kernels.paged_rows import scatter_slots
 
 # Query rows per dense score tile in the torch path: bounds memory at QUERY_TILE x keys per head
 # and lets a long windowed prefill read only the keys near each tile.
@@ -142,10 +143,8 @@ def write_kv(
     if slot_mapping.shape != (key.shape[0],):
         raise ValueError(f"slot_mapping shape {tuple(slot_mapping.shape)} must be "
                          f"({key.shape[0]},), one slot per token")
-    slots = slot_mapping.long()
-    blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]  # [num_tokens] each
-    k_cache[blocks, offsets] = key.to(k_cache.dtype)
-    v_cache[blocks, offsets] = value.to(v_cache.dtype)
+    scatter_slots(k_cache, slot_mapping, key)
+    scatter_slots(v_cache, slot_mapping, value)
 
 
 def paged_attention(

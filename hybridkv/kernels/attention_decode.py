@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from hybridkv.kernels.paged_rows import gather_slots
+
 if TYPE_CHECKING:
     from hybridkv.kernels.attention import AttentionBatch, MaskRules
 
@@ -93,17 +95,10 @@ def decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     num_seqs, num_kv_heads, head_dim = query.shape[0], k_cache.shape[2], k_cache.shape[3]
     shape = (num_seqs, layout.num_keys, num_kv_heads, head_dim)
     # k, v: [S, Hkv, L, D], float32 like the rest of the torch path
-    k = _gather_slots(k_cache, layout.slots).view(shape).transpose(1, 2).float()
-    v = _gather_slots(v_cache, layout.slots).view(shape).transpose(1, 2).float()
+    k = gather_slots(k_cache, layout.slots).view(shape).transpose(1, 2).float()
+    v = gather_slots(v_cache, layout.slots).view(shape).transpose(1, 2).float()
     q = query.float().unsqueeze(2)  # [S, Hq, 1, D]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, scale=scale,
                                          enable_gqa=num_kv_heads != query.shape[1])
     return out.squeeze(2).to(query.dtype)  # [S, Hq, D]
 
-
-def _gather_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Rows `slots` of `cache` `[num_blocks, B, Hkv, D]` seen as `[num_blocks * B, Hkv, D]`."""
-    block_size = cache.shape[1]
-    if cache.stride(0) == block_size * cache.stride(1):  # blocks and offsets flatten to one dim
-        return cache.flatten(0, 1).index_select(0, slots)
-    return cache[slots // block_size, slots % block_size]  # a view with padded pages

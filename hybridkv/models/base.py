@@ -31,6 +31,7 @@ from hybridkv.kv_cache.specs import (
     dtype_name,
 )
 from hybridkv.models.mamba_batch import MambaBatch
+from hybridkv.models.packed_linear import PackedLinears, gated_mlp_parts
 from hybridkv.models.rope import RotaryEmbedding, rotary_from_params
 
 FULL_ATTENTION = "full_attention"
@@ -102,11 +103,25 @@ class ModelRunner(ABC):
         self.rotaries: dict[str, RotaryEmbedding] = {}
         self.attn_layers = self.build_attention_layers()
         self.kv_caches: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.linears = PackedLinears()  # empty: every projection runs its own module
 
     @classmethod
     def from_hf(cls, model: nn.Module) -> ModelRunner:
         """A runner sharing `model`'s weights (the model is put in eval mode)."""
         return cls(model)
+
+    def prepack_weights(self) -> int:
+        """Pack the attention projections, gated MLPs and LM head for decode-sized CPU
+        steps (`packed_linear`); returns how many weights were packed (0 where oneDNN
+        cannot pack them, e.g. off CPU or not float32). Costs a second copy of each."""
+        for layer in self.decoder.layers:
+            attn = getattr(layer, "self_attn", None)
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                self.linears.add(getattr(attn, name, None))
+            for part in gated_mlp_parts(getattr(layer, "mlp", None)) or ():
+                self.linears.add(part)
+        self.linears.add(getattr(self.model, "lm_head", None))
+        return len(self.linears)
 
     # ----------------------------------------------------------------- layout
     @abstractmethod
@@ -202,7 +217,7 @@ class ModelRunner(ABC):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head (+ final logit softcapping when the config has it) -> float32 [S, vocab]."""
-        logits = self.model.lm_head(hidden)
+        logits = self.linears.apply(self.model.lm_head, hidden)
         cap = getattr(self.config, "final_logit_softcapping", None)
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -219,23 +234,33 @@ class ModelRunner(ABC):
 
     def feed_forward(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The layer's MLP on x [T, hidden]."""
-        return layer.mlp(x)
+        return self.mlp(layer.mlp, x)
+
+    def mlp(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """`mlp(x)`, its projections through `self.linears` when it is a packed gated MLP."""
+        parts = gated_mlp_parts(mlp) if len(self.linears) else None
+        if parts is None:
+            return mlp(x)
+        gate, up, down = parts
+        hidden = mlp.act_fn(self.linears.apply(gate, x)) * self.linears.apply(up, x)
+        return self.linears.apply(down, hidden)
 
     def self_attention(self, index: int, attn: nn.Module, x: torch.Tensor, step: Step,
                        batch: AttentionBatch) -> torch.Tensor:
         """Project, encode positions, write K/V, attend over the cache, project out."""
         spec = self.attn_layers[index]
         num_tokens = x.shape[0]
-        q = attn.q_proj(x).view(num_tokens, spec.num_heads, spec.head_dim)    # [T, Hq, D]
-        k = attn.k_proj(x).view(num_tokens, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
-        v = attn.v_proj(x).view(num_tokens, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
+        linear = self.linears.apply
+        q = linear(attn.q_proj, x).view(num_tokens, spec.num_heads, spec.head_dim)  # [T, Hq, D]
+        k = linear(attn.k_proj, x).view(num_tokens, spec.num_kv_heads, spec.head_dim)  # [T,Hkv,D]
+        v = linear(attn.v_proj, x).view(num_tokens, spec.num_kv_heads, spec.head_dim)  # [T,Hkv,D]
         q, k = self.transform_qk(index, attn, q, k, step)
         k_cache, v_cache = self.kv_caches[spec.name]
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, batch, scale=spec.scale,
                               sliding_window=spec.sliding_window, chunk_size=spec.chunk_size,
                               softcap=spec.softcap, sinks=self.attention_sinks(attn))
-        return attn.o_proj(out.reshape(num_tokens, spec.num_heads * spec.head_dim))
+        return linear(attn.o_proj, out.reshape(num_tokens, spec.num_heads * spec.head_dim))
 
     def transform_qk(self, index: int, attn: nn.Module, q: torch.Tensor, k: torch.Tensor,
                      step: Step) -> tuple[torch.Tensor, torch.Tensor]:

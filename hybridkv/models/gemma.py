@@ -68,7 +68,7 @@ class Gemma2Runner(ModelRunner):
         attn_out = self.self_attention(index, layer.self_attn, layer.input_layernorm(hidden),
                                        step, batch)
         hidden = hidden + layer.post_attention_layernorm(attn_out)
-        mlp_out = layer.mlp(layer.pre_feedforward_layernorm(hidden))
+        mlp_out = self.mlp(layer.mlp, layer.pre_feedforward_layernorm(hidden))
         return hidden + layer.post_feedforward_layernorm(mlp_out)
 
 

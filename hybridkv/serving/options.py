@@ -76,3 +76,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--seed", type=int, default=0,
                         help="preset weights and the default sampling seed")
     engine.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    engine.add_argument("--prepack-weights", action=argparse.BooleanOptionalAction,
+                        default=True, help="CPU: a oneDNN-packed copy of the linear weights "
+                                           "for decode steps (faster; twice their memory)")

@@ -60,7 +60,7 @@ def build_llm(args: argparse.Namespace) -> Any:
                max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens,
                hash_algo=args.hash_algo, eviction_policy=args.eviction_policy, seed=args.seed,
-               kv_store=args.kv_store)
+               kv_store=args.kv_store, prepack_weights=args.prepack_weights)
     warm_up(llm)
     return llm
 

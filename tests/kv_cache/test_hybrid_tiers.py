@@ -15,16 +15,18 @@ import random
 import pytest
 
 from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE, PROTECTED
-from hybridkv.kv_cache.eviction import hybrid as hybrid_eviction
-from hybridkv.kv_cache.eviction.hybrid import HybridTiers
+from hybridkv.kv_cache.eviction import tiers as hybrid_eviction
+from hybridkv.kv_cache.eviction.tiers import HybridTiers, TierRules
 
 RATINGS = (LOW_VALUE, NORMAL_VALUE, NORMAL_VALUE, JUNCTION, PROTECTED)
 RULES = [
-    (hybrid_eviction.AGE_EVERY, hybrid_eviction.STALE_AGE, hybrid_eviction.REUSE_DECAY,
-     hybrid_eviction.RETURN_GATE, hybrid_eviction.RETURN_WEIGHT, hybrid_eviction.VOTE_WEIGHT,
-     hybrid_eviction.VOTE_BACK, hybrid_eviction.GHOST_POOLS),
-    (2, 1.5, 0.999, 0.0, 0.25, 0.25, 4.0, 1),  # the stale rule is on once a hit was seen
-    (3, 0.5, 1.0, 0.2, 0.5, 0.5, 0.5, 2),  # votes swing LRU order on and off quickly
+    hybrid_eviction.TIER_RULES,
+    TierRules(age_every=2, stale_age=1.5, reuse_decay=0.999, return_gate=0.0,
+              return_weight=0.25, vote_weight=0.25, vote_back=4.0,
+              ghost_pools=1),  # the stale rule is on once a hit was seen
+    TierRules(age_every=3, stale_age=0.5, reuse_decay=1.0, return_gate=0.2,
+              return_weight=0.5, vote_weight=0.5, vote_back=0.5,
+              ghost_pools=2),  # votes swing LRU order on and off quickly
 ]
 
 

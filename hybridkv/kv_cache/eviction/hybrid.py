@@ -1,343 +1,240 @@
-"""`hybrid`: the default eviction policy, retention-aware tiers of free blocks.
+"""`hybrid`: five rules over five queues (Python only; `tiered` stays the default
+until this policy has a C twin).
 
-A block is taken from the lowest non-empty tier: EMPTY (no cached data), LOW
-(rated low value, never hit), FRESH (never hit; the newest release first),
-HIT_ONCE and HIT_OFTEN (least recently used first), KEPT (rated `PROTECTED`: a
-running request still holds the prefix it completes). Aging, the stale-hit rule
-and the LRU votes (the constants below) move blocks between these orders.
+Free blocks sit in five queues, taken from in this order (docs/eviction.md
+states each rule with the measurement that keeps it):
 
-`HybridTiers` is the Python reference of the rules and `HybridPolicy` the
-policy; the C extension's `HybridCore` is their twin. The rules, why each one
-exists and what it measured: docs/eviction.md, "`hybrid`: tiers".
+1. **Empty first.** A block holding no cached data goes first.
+2. **Low value next.** A cached block its group rated `LOW_VALUE` (a window
+   or a Mamba state no likely hit resumes from) that no hit used.
+3. **Never-hit before hit, hit data capped.** Cached data no hit used goes
+   before data a hit used; the hit queue keeps at most `hit_share` of the
+   pool, its least recently used block joining the back of the never-hit
+   queue beyond that. Both queues are least recently released (or hit)
+   first, a request's blocks tail first; with no hits this is `lru`.
+4. **Cycle guard.** While evicted data mostly comes back after LRU would
+   have dropped it anyway (requests cycle through more data than the pool
+   holds), a release of never-hit data goes to the front of its queue,
+   newest release first: the older data stays whole instead of every prefix
+   being evicted just before its turn.
+5. **Protected last.** A block rated `PROTECTED` (it completes a prefix a
+   running request still holds) goes only when nothing else is left; when the
+   request ends its group rates it again and it queues with the release.
+
+Rule 4 keeps, for every free block, the number of blocks taken by which one
+LRU queue would still hold it (blocks taken so far plus the free blocks ahead
+of it at its release; hits and empty blocks since are not counted), and the
+same for the hashes of the last `ghost_pools` pools' worth of evicted data.
+Evicted data computed again before that point votes for LRU order (the
+policy lost what LRU would have kept); a hit on a block kept past it votes
+for the guard (the policy kept what LRU would have lost). Each vote is a
+decaying share (`vote_weight`); the guard is on unless LRU's share is the
+larger, so it starts on and stays on while it does no harm.
+
+The constants live in one named structure, `HybridRules`. This policy runs in
+Python; the C extension's `HybridCore` implements the former tiered policy
+(`tiered`, in `tiers.py`), which stays registered under that name.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hybridkv.kv_cache.eviction.base import JUNCTION, LOW_VALUE, PROTECTED, EvictionPolicy
-from hybridkv.kv_cache.eviction.lru_positions import LruPositions
-from hybridkv.kv_cache.fastpath import native
+from hybridkv.kv_cache.eviction.base import LOW_VALUE, PROTECTED, EvictionPolicy
 
 if TYPE_CHECKING:
     from hybridkv.kv_cache.block_pool import Block
 
-# the tiers, in the order they are taken from (indexes into HybridPolicy._tiers)
-EMPTY, LOW, FRESH, HIT_ONCE, HIT_OFTEN, KEPT = range(6)
-AGE_EVERY = 8
-# stale hit data (see above): age limit in reuse distances, decay of the longest
-# reuse distance per hit, the share of fresh evictions coming back that turns the
-# rule on, and the weight of one eviction in that share
-STALE_AGE = 1.5
-REUSE_DECAY = 0.999
-RETURN_GATE = 0.1
-RETURN_WEIGHT = 1 / 256
-# LRU order while it would have kept more (see above): the weight of one vote, the
-# votes of hit data taken in LRU order that comes back, pools' worth of evicted
-# hashes remembered
-VOTE_WEIGHT = 1 / 64
-VOTE_BACK = 4.0
-GHOST_POOLS = 4
-# tiers kept as stacks (the end of the dict is taken first: new blocks go on top);
-# the others are queues (the front is taken first, new blocks join at the end)
-STACKS = (EMPTY, FRESH)
+# the queues, in the order they are taken from (Block.queue_slot while free)
+EMPTY, LOW, FRESH, HIT, KEPT = range(5)
 
 
-def lru_capacity(ghost_pools: int, pool: int) -> int:
-    """The release numbers LruPositions keeps (a power of two): every block free or
-    remembered as evicted was released within about that many releases."""
-    need = (ghost_pools + 2) * pool
-    return 1 << max(need - 1, 1).bit_length()
+@dataclass(frozen=True)
+class HybridRules:
+    """The constants of the five rules, and switches that turn rules off (for
+    measuring what each one earns; the default has every rule on).
 
-
-def tier_of(block: Block) -> int:
-    """A released block's tier: empty if it caches nothing; kept if protected; low if
-    rated low value and never hit (data that was hit proved its value whatever the
-    rating); else by hits, a junction rating counting as one more."""
-    if block.block_hash is None:
-        return EMPTY
-    hits, rating = block.num_hits, block.value_hint
-    if rating == PROTECTED:
-        return KEPT
-    if rating == LOW_VALUE and not hits:
-        return LOW
-    hits += rating == JUNCTION
-    return FRESH if not hits else HIT_ONCE if hits == 1 else HIT_OFTEN
-
-
-class HybridTiers:
-    """The tiers and rules of `HybridPolicy` in Python: the reference that the C
-    extension's `HybridCore` (`_native/_fp_hybrid*.c`) matches decision for decision
-    (it runs when built, with the same constants; `HYBRIDKV_DISABLE_FASTPATH=1` runs
-    this). A rule changed here must be changed there too: tests/kv_cache/
-    test_hybrid_tiers.py and the replay digests compare the two.
-
-    A free block's tier is kept in `Block.queue_slot` (-1 when not free); its
-    entry in the tier holds the clock (blocks taken so far) at its release.
+    Raises:
+        ValueError: naming the field, for a value out of range.
     """
 
+    hit_share: float = 0.8  # rule 3: the hit queue's largest share of the pool
+    vote_weight: float = 1 / 64  # rule 4: the weight of one vote
+    ghost_pools: int = 2  # rule 4: pools' worth of evicted hashes remembered
+    low_value_first: bool = True  # rule 2
+    hits_kept: bool = True  # rule 3
+    cycle_guard: bool = True  # rule 4
+    protected_last: bool = True  # rule 5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.hit_share <= 1.0:
+            raise ValueError(f"HybridRules.hit_share must be in [0, 1], got {self.hit_share}")
+        if not 0.0 < self.vote_weight < 1.0:
+            raise ValueError(f"HybridRules.vote_weight must be in (0, 1), "
+                             f"got {self.vote_weight}")
+        if self.ghost_pools < 1:
+            raise ValueError(f"HybridRules.ghost_pools must be >= 1, got {self.ghost_pools}")
+
+
+RULES = HybridRules()
+
+
+def queue_of(block: Block, rules: HybridRules = RULES) -> int:
+    """The queue a free block belongs in (the rules' numbering above)."""
+    if block.block_hash is None:
+        return EMPTY
+    rating = block.value_hint
+    if rating == PROTECTED and rules.protected_last:
+        return KEPT
+    if rating == LOW_VALUE and not block.num_hits and rules.low_value_first:
+        return LOW
+    return HIT if block.num_hits and rules.hits_kept else FRESH
+
+
+class HybridPolicy(EvictionPolicy):
+    """Empty, low value, never hit, hit (capped), protected; the cycle guard puts
+    never-hit releases first while requests cycle through more than the pool.
+
+    >>> # free([a (LOW_VALUE), b (hit once)]), then free([c]): take(3) -> [a, c, b]
+    """
+
+    uses_hints = True
+    rules: HybridRules = RULES
     evicted: Mapping[bytes, object]
 
-    def __init__(self, blocks: Iterable[Block],
-                 rules: tuple[int, float, float, float, float, float, float, int]) -> None:
-        # the module's constants when the policy was made (tests change them)
-        (self._age_every, self._stale_age, self._reuse_decay, self._return_gate,
-         self._return_weight, self._vote_weight, self._vote_back, self._ghost_pools) = rules
-        self._tiers: list[OrderedDict[Block, int]] = [OrderedDict() for _ in range(6)]
-        self._num_taken = 0  # never-hit data evicted (drives aging)
-        self._clock = 0  # blocks taken
-        self._reuse = 0.0  # the longest recent reuse distance of hits
-        self._returns = 0.0  # share of recent fresh evictions computed again
-        self._watched: OrderedDict[bytes, None] = OrderedDict()  # fresh evictions watched
-        self._lru_share = self._tier_share = 0.0  # votes for LRU order and for the tiers
-        # a free block's release mark in one LRU queue (LruPositions); every evicted
-        # hash's (the same, and whether it was hit data taken in LRU order)
-        self._marks: dict[Block, tuple[int, int]] = {}
-        self._from_hit: set[Block] = set()  # hit blocks taken in LRU order (in a take)
-        self._ghosts: OrderedDict[bytes, tuple[int, int, bool]] = OrderedDict()
-        self.evicted = self._ghosts
-        # cached free blocks in LRU's order (front: released first); kept blocks an
-        # LRU-order take passed over are out of it, parked, until their rating changes
-        self._order: OrderedDict[Block, None] = OrderedDict()
-        self._parked: set[Block] = set()
-        initial = list(blocks)
-        for block in reversed(initial):  # a stack: the first given on top
-            self._tiers[EMPTY][block] = 0
-            self._marks[block] = (0, 0)
+    def __init__(self, blocks: Iterable[Block] = ()) -> None:
+        self._queues: list[OrderedDict[Block, None]] = [OrderedDict() for _ in range(5)]
+        empty = self._queues[EMPTY]
+        self._marks: dict[Block, int] = {}  # free block -> last clock LRU would hold it at
+        for block in blocks:
+            empty[block] = None
             block.queue_slot = EMPTY
-        self._num_free = len(initial)
-        self._watch_limit = max(len(initial), 1)
-        self._lru = LruPositions(lru_capacity(self._ghost_pools, self._watch_limit))
+            self._marks[block] = 0
+        self._num_free = len(empty)
+        self._size = max(self._num_free, 1)
+        self._clock = 0  # blocks taken so far
+        self._ghosts: OrderedDict[bytes, int] = OrderedDict()  # evicted hash -> its mark
+        self.evicted = self._ghosts
+        self._lru_share = self._cycle_share = 0.0
 
     def __len__(self) -> int:
         return self._num_free
 
     def __iter__(self) -> Iterator[Block]:
-        for t, tier in enumerate(self._tiers):
-            yield from reversed(tier) if t in STACKS else tier
+        for queue in self._queues:
+            yield from queue
 
     def __contains__(self, block: Block) -> bool:
-        return block.queue_slot >= 0 and block in self._tiers[block.queue_slot]
+        return block.queue_slot >= 0 and block in self._queues[block.queue_slot]
+
+    def is_cycling(self) -> bool:
+        """Whether rule 4 (the cycle guard) is on now."""
+        return self.rules.cycle_guard and self._cycle_share >= self._lru_share
 
     def add_free(self, blocks: Iterable[Block]) -> None:
-        fresh, unparked = [], []
-        tiers, clock, order, parked = self._tiers, self._clock, self._order, self._parked
-        count, release, free = 0, self._lru.release, self._num_free
+        queues, marks, rules = self._queues, self._marks, self.rules
+        mark = self._clock + self._num_free  # blocks ahead in one LRU queue, plus the clock
+        cycling = self.is_cycling()
+        fresh, front = queues[FRESH], []
         for block in blocks:
-            self._marks[block] = release(free + count, block.block_hash is None)
-            count += 1
-            if block in parked:  # every block released before it is gone: the front
-                parked.remove(block)
-                unparked.append(block)
-            elif block.block_hash is not None and block not in order:  # (in it: queued again)
-                order[block] = None
-            t = tier_of(block)
-            block.queue_slot = t
-            if t == FRESH:
-                fresh.append(block)
+            marks[block] = mark
+            mark += 1
+            q = block.queue_slot = queue_of(block, rules)
+            if q == FRESH:
+                if cycling:
+                    front.append(block)
+                else:
+                    fresh[block] = None
+            elif q == EMPTY:  # reused first, as under `lru`
+                queues[EMPTY][block] = None
+                queues[EMPTY].move_to_end(block, last=False)
             else:
-                tiers[t][block] = clock
-        self._num_free += count
-        stack = tiers[FRESH]
-        for block in reversed(fresh):  # the whole release goes first, its tail first
-            stack[block] = clock
-        for block in reversed(unparked):
-            order[block] = None
-            order.move_to_end(block, last=False)
+                queues[q][block] = None
+        for block in reversed(front):  # the whole release first, its tail first
+            fresh[block] = None
+            fresh.move_to_end(block, last=False)
+        self._num_free = mark - self._clock
+        if len(queues[HIT]) > rules.hit_share * self._size:
+            self._spill()
+
+    def _spill(self) -> None:
+        """Rule 3's cap: the hit queue's least recently used blocks join the back of
+        the never-hit queue while it holds more than its share of the pool."""
+        hit, fresh = self._queues[HIT], self._queues[FRESH]
+        limit = self.rules.hit_share * self._size
+        while len(hit) > limit:
+            block = hit.popitem(last=False)[0]
+            fresh[block] = None
+            block.queue_slot = FRESH
 
     def remove(self, block: Block) -> None:
         self.remove_blocks((block,))
 
     def remove_blocks(self, blocks: Sequence[Block]) -> None:
-        tiers, clock, marks, lru = self._tiers, self._clock, self._marks, self._lru
-        order, parked = self._order, self._parked
-        reuse = self._reuse * self._reuse_decay  # one hit, however many blocks
-        for block in blocks:  # where LRU would have had them when the hit came
-            if block.block_hash is not None and block.queue_slot >= FRESH \
-                    and lru.position(marks[block]) < 0:
-                self._vote(False, 1.0)  # a hit LRU would have missed
+        queues, marks, late = self._queues, self._marks, False
         for block in blocks:
-            if block.ref_cnt:  # held again (an unheld block is only being queued anew)
-                order.pop(block, None)
-                parked.discard(block)
             slot = block.queue_slot
-            lru.hit(marks.pop(block)[0])
-            released = tiers[slot].pop(block)
+            if block.ref_cnt and slot in (FRESH, HIT) and self._clock > marks[block]:
+                late = True  # a hit on data LRU would have dropped
+            del queues[slot][block]
             block.queue_slot = -1
-            if FRESH <= slot <= HIT_OFTEN and clock - released > reuse \
-                    and block.value_hint != JUNCTION:  # how long it waited
-                reuse = clock - released
-        self._reuse = reuse
+            del marks[block]
+        if late:
+            self._vote(lru=False)
         self._num_free -= len(blocks)
 
     def take(self, num_blocks: int) -> list[Block]:
-        out = self._take(num_blocks)
-        ghosts, marks, from_hit = self._ghosts, self._marks, self._from_hit
-        order, parked = self._order, self._parked
+        out: list[Block] = []
+        for queue in self._queues:
+            pop = queue.popitem
+            while queue and len(out) < num_blocks:
+                out.append(pop(last=False)[0])
+            if len(out) == num_blocks:
+                break
+        ghosts, marks = self._ghosts, self._marks
         for block in out:
-            order.pop(block, None)
-            parked.discard(block)
+            block.queue_slot = -1
             mark = marks.pop(block)
             if block.block_hash is not None:
-                ghosts[block.block_hash] = mark + (block in from_hit,)
+                ghosts[block.block_hash] = mark
                 ghosts.move_to_end(block.block_hash)
-        from_hit.clear()
-        while len(ghosts) > self._ghost_pools * self._watch_limit:
+        while len(ghosts) > self.rules.ghost_pools * self._size:
             ghosts.popitem(last=False)
-        self._lru.taken(len(out))
-        return out
-
-    def _take(self, num_blocks: int) -> list[Block]:
-        tiers = self._tiers
-        lru = self._lru_share > self._tier_share  # LRU order for the never-hit tier
-        stale = lru or self._returns >= self._return_gate and self._reuse > 0
-        if num_blocks == 1 and not stale:  # the common decode case
-            for t, tier in enumerate(tiers):
-                if tier:
-                    block = tier.popitem(t in STACKS)[0]
-                    block.queue_slot = -1
-                    self._num_free -= 1
-                    self._clock += 1
-                    if t == FRESH:
-                        self._evicted_fresh([block])
-                    return [block]
-        out: list[Block] = []
-        while len(out) < num_blocks:  # from the lowest non-empty tier (aging may refill one)
-            t = next(i for i, tier in enumerate(tiers) if tier)
-            if t == FRESH and stale:
-                (self._take_lru if lru else self._take_fresh)(out, num_blocks - len(out))
-                continue
-            pop, top = tiers[t].popitem, t in STACKS
-            taken = [pop(top)[0] for _ in range(min(num_blocks - len(out), len(tiers[t])))]
-            for block in taken:
-                block.queue_slot = -1
-            out += taken
-            if t == FRESH:  # only evicting data counts: empty and low-value blocks are no loss
-                self._evicted_fresh(taken)
         self._num_free -= len(out)
         self._clock += len(out)
         return out
 
-    def _take_lru(self, out: list[Block], num_blocks: int) -> None:
-        """Take up to `num_blocks` never-hit and hit blocks in LRU's order (the front of
-        `_order`); kept blocks met at the front are parked."""
-        tiers, order, fresh = self._tiers, self._order, self._tiers[FRESH]
-        while num_blocks and fresh:
-            block = next(iter(order))
-            del order[block]
-            t = block.queue_slot
-            if t < 0:  # taken out of its tier and not queued again
-                continue
-            if not FRESH <= t <= HIT_OFTEN:  # kept for a running request
-                self._parked.add(block)
-                continue
-            del tiers[t][block]
-            if t == FRESH:
-                self._evicted_fresh([block])
-            else:
-                self._from_hit.add(block)
-            block.queue_slot = -1
-            out.append(block)
-            num_blocks -= 1
-
-    def _take_fresh(self, out: list[Block], num_blocks: int) -> None:
-        """Take up to `num_blocks` from the never-hit tier, or stale hit blocks before them;
-        within the tier, the bottom of the stack first while it is stale too."""
-        tiers, fresh = self._tiers, self._tiers[FRESH]
-        limit = self._clock + len(out) - self._stale_age * self._reuse
-        while num_blocks and fresh:
-            for t in (HIT_ONCE, HIT_OFTEN):
-                tier = tiers[t]
-                if tier and tier[next(iter(tier))] < limit:  # unused for too long
-                    block = tier.popitem(last=False)[0]
-                    break
-            else:  # the newest release first, unless the bottom of the stack is as stale
-                block = fresh.popitem(last=fresh[next(iter(fresh))] >= limit)[0]
-                self._evicted_fresh([block])
-            block.queue_slot = -1
-            out.append(block)
-            num_blocks -= 1
-            limit += 1
-
-    def _evicted_fresh(self, blocks: list[Block]) -> None:
-        """Count never-hit data evicted (aging; the share that comes back)."""
-        before = self._num_taken
-        self._num_taken += len(blocks)
-        every = self._age_every
-        for _ in range(self._num_taken // every - before // every):
-            self._age()
-        self._returns *= (1 - self._return_weight) ** len(blocks)
-        watched = self._watched
-        for block in blocks:
-            if block.block_hash is not None:
-                watched[block.block_hash] = None
-        while len(watched) > self._watch_limit:
-            watched.popitem(last=False)
-
     def recomputed(self, block_hash: bytes) -> None:
-        if block_hash in self._watched:
-            del self._watched[block_hash]
-            self._returns += self._return_weight
-        number, base, from_hit = self._ghosts.pop(block_hash)
-        if from_hit:
-            self._vote(False, self._vote_back)  # hit data LRU order dropped came back
-        elif self._lru.position((number, base)) >= 0:
-            self._vote(True, 1.0)  # LRU would still have held it
+        """Evicted data came back: before LRU would have dropped it, a vote for LRU
+        order (after it, LRU would have lost it too: no vote)."""
+        if self._clock <= self._ghosts.pop(block_hash):
+            self._vote(lru=True)
 
-    def _vote(self, lru: bool, count: float) -> None:
-        keep = 1 - self._vote_weight
-        self._lru_share *= keep
-        self._tier_share *= keep
+    def _vote(self, lru: bool) -> None:
+        weight = self.rules.vote_weight
+        self._lru_share *= 1 - weight
+        self._cycle_share *= 1 - weight
         if lru:
-            self._lru_share += self._vote_weight * count
+            self._lru_share += weight
         else:
-            self._tier_share += self._vote_weight * count
-
-    def _age(self) -> None:
-        """Move the least recently used block of each hit tier one tier down."""
-        tiers = self._tiers
-        for t in (HIT_ONCE, HIT_OFTEN):
-            if tiers[t]:
-                block, released = tiers[t].popitem(last=False)
-                below = tiers[t - 1]
-                below[block] = released  # the back of the tier below: taken last there
-                if t - 1 in STACKS:
-                    below.move_to_end(block, last=False)
-                block.queue_slot = t - 1
-
-    def hint_changed(self, block: Block) -> None:
-        # not a hit: no reuse distance, no vote; not a release: LRU keeps it where it is
-        del self._tiers[block.queue_slot][block]
-        block.queue_slot = t = tier_of(block)
-        self._tiers[t][block] = self._clock
-        if t != KEPT and block in self._parked:
-            self._parked.remove(block)
-            self._order[block] = None
-            self._order.move_to_end(block, last=False)
+            self._cycle_share += weight
 
     def uncache(self, block: Block) -> None:
-        self._lru.to_front(self._marks[block][0])
-        self._order.pop(block, None)
-        self._parked.discard(block)
-        released = self._tiers[block.queue_slot].pop(block)
-        self._tiers[EMPTY][block] = released  # on top: reused first
+        del self._queues[block.queue_slot][block]
+        empty = self._queues[EMPTY]
+        empty[block] = None
+        empty.move_to_end(block, last=False)
         block.queue_slot = EMPTY
 
-
-if TYPE_CHECKING:
-    TiersBase = HybridTiers
-else:  # the C tiers when built, else the Python reference
-    TiersBase = native.HybridCore if native is not None else HybridTiers
-
-
-class HybridPolicy(TiersBase, EvictionPolicy):
-    """Tiered free queue: empty, low value, fresh (newest first), hit once, hit often,
-    kept for a running request (the rules: this module's docstring)."""
-
-    uses_hints = True
-
-    def __init__(self, blocks: Iterable[Block] = ()) -> None:
-        super().__init__(blocks, (AGE_EVERY, STALE_AGE, REUSE_DECAY, RETURN_GATE, RETURN_WEIGHT,
-                                  VOTE_WEIGHT, VOTE_BACK, GHOST_POOLS))
+    def hint_changed(self, block: Block) -> None:
+        """A new rating or hit count moves the block to its queue's back (not a
+        release: its LRU mark stays)."""
+        q = queue_of(block, self.rules)
+        if q != block.queue_slot:
+            del self._queues[block.queue_slot][block]
+            block.queue_slot = q
+            self._queues[q][block] = None
+            self._spill()

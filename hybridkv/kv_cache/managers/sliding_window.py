@@ -113,8 +113,9 @@ class SlidingWindowManager(SingleTypeManager):
         first and keep the window stranded. And only where prompts branch
         (`branches_at`): where the cached data simply ended there (an agent's or a
         chat's previous step), the next step passes through it and needs the window at
-        this request's end instead. The windows of stops in the prompt's tail and of the
-        request's end keep their rating; the rest is low value.
+        this request's end instead. The windows of stops in the prompt's tail keep their
+        rating; the rest is low value (the window of the request's end too: a next
+        turn that resumes there finds the prompt end's window a few blocks before).
 
         Kept blocks before the junction that no hit used were recomputed while the
         full-attention blocks of their positions were cached (taken by `share`, which
@@ -126,11 +127,10 @@ class SlidingWindowManager(SingleTypeManager):
         j_lo = shared - need  # the window of the junction: rated a junction
         at_junction = JUNCTION if 2 * need <= shared and start < shared and end > j_lo \
             and self.branches_at(request, junction) else NORMAL_VALUE
-        prompt, computed = request.num_prompt_tokens // bs, request.num_computed_tokens // bs
+        prompt = request.num_prompt_tokens // bs
         # kept as they are: the windows of the stops in the prompt's tail (which hold
-        # the prompt end's) and the window of the request's end; the rest is low value
+        # the prompt end's); the rest is low value
         t_lo = prompt - need - self.tail_margin_tokens // bs
-        c_lo = computed - need
         # positions between the kept head (sink blocks) and the skipped ones are null
         head = min(end, self.num_kept_head_blocks)
         skipped = self.num_skipped.get(request.request_id, head)
@@ -141,7 +141,7 @@ class SlidingWindowManager(SingleTypeManager):
                     continue
                 if j_lo <= i < shared:
                     block.value_hint = at_junction
-                elif not (t_lo <= i < prompt or c_lo <= i < computed):
+                elif not t_lo <= i < prompt:
                     block.value_hint = LOW_VALUE
                 if i < shared and not block.num_hits and block.value_hint != LOW_VALUE:
                     block.num_hits = 1  # recomputed with the prefix: as hit as its blocks

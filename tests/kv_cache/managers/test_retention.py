@@ -15,7 +15,7 @@ from hybridkv import (
     SlidingWindowSpec,
 )
 from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE
-from hybridkv.kv_cache.eviction import hybrid as hybrid_eviction
+from hybridkv.kv_cache.eviction import tiers as hybrid_eviction
 from hybridkv.kv_cache.managers.mamba import MambaManager
 from hybridkv.kv_cache.managers.sliding_window import SlidingWindowManager
 
@@ -28,7 +28,7 @@ _ids = itertools.count()
 def manager(side_spec, num_blocks=400):
     groups = [KVCacheGroupSpec(["f"], FullAttentionSpec(block_size=B)),
               KVCacheGroupSpec(["s"], side_spec)]
-    return KVCacheManager(KVCacheConfig(num_blocks, groups), eviction_policy="hybrid")
+    return KVCacheManager(KVCacheConfig(num_blocks, groups), eviction_policy="tiered")
 
 
 def run(mgr, tokens, num_prompt=None):
@@ -74,7 +74,7 @@ def test_a_question_after_a_long_document_keeps_the_document_end_reusable():
     doc = list(range(5000, 5000 + 4 * 120))  # 120 blocks
     first_question, second_question = [7] * 9, [8] * 6
     hits = {}
-    for policy in ("hybrid", "lru"):
+    for policy in ("tiered", "lru"):
         mgr = manager(SlidingWindowSpec(block_size=B, sliding_window=window), 260)
         mgr = KVCacheManager(mgr.config, eviction_policy=policy)
         n1, _ = run(mgr, doc + first_question)
@@ -82,7 +82,7 @@ def test_a_question_after_a_long_document_keeps_the_document_end_reusable():
             run(mgr, list(range(20000 * (k + 1), 20000 * (k + 1) + 4 * 12)))
         hits[policy] = (n1, run(mgr, doc + second_question)[0])
         mgr.check_integrity()
-    assert hits["hybrid"] == (0, len(doc))
+    assert hits["tiered"] == (0, len(doc))
     assert hits["lru"][1] < len(doc)  # LRU evicted the document's tail first
 
 
@@ -228,7 +228,7 @@ def test_windows_in_the_prompt_tail_are_taken_last_while_their_request_runs():
     warnings.simplefilter("ignore", RuntimeWarning)
     margin = SlidingWindowManager.tail_margin_tokens // B
     prompt = list(range(20000, 20000 + B * (margin + 30)))
-    mgr, req = window_prefill("hybrid", prompt, 5 * B)
+    mgr, req = window_prefill("tiered", prompt, 5 * B)
     side = mgr.coordinator.managers[1]
     e, need = len(prompt) // B, side.spec.num_window_blocks
     ids = [mgr.pool.cached[1][h].block_id
