@@ -84,7 +84,11 @@ def test_completions_hit_with_usage(cached_pair):
     server, _ = cached_pair
     client = server.client().with_options(api_key="key-a")
     prompt = unique("The history of TOPIC")
+    stored = server.metrics()["hybridkv:semantic_cache_entries"]
     first = client.completions.create(model="tiny-chat", prompt=prompt, **GREEDY)
+    # the answer is stored after it is sent: wait for it before asking again
+    wait_until(lambda: server.metrics()["hybridkv:semantic_cache_entries"] > stored,
+               timeout=10, what="the first answer to be stored")
     raw = client.completions.with_raw_response.create(
         model="tiny-chat", prompt=prompt + ".", stream=True,
         stream_options={"include_usage": True}, **GREEDY)
