@@ -143,8 +143,7 @@ def write_kv(
     if slot_mapping.shape != (key.shape[0],):
         raise ValueError(f"slot_mapping shape {tuple(slot_mapping.shape)} must be "
                          f"({key.shape[0]},), one slot per token")
-    scatter_slots(k_cache, slot_mapping, key)
-    scatter_slots(v_cache, slot_mapping, value)
+    scatter_slots(slot_mapping, (k_cache, key), (v_cache, value))
 
 
 def paged_attention(

@@ -95,8 +95,8 @@ def decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     num_seqs, num_kv_heads, head_dim = query.shape[0], k_cache.shape[2], k_cache.shape[3]
     shape = (num_seqs, layout.num_keys, num_kv_heads, head_dim)
     # k, v: [S, Hkv, L, D], float32 like the rest of the torch path
-    k = gather_slots(k_cache, layout.slots).view(shape).transpose(1, 2).float()
-    v = gather_slots(v_cache, layout.slots).view(shape).transpose(1, 2).float()
+    k, v = (rows.view(shape).transpose(1, 2).float()
+            for rows in gather_slots(layout.slots, k_cache, v_cache))
     q = query.float().unsqueeze(2)  # [S, Hq, 1, D]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, scale=scale,
                                          enable_gqa=num_kv_heads != query.shape[1])

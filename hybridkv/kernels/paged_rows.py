@@ -44,25 +44,41 @@ def slots_to_rows(slots: torch.Tensor, block_size: int, rows_per_block: int) -> 
     return slots // block_size * rows_per_block + slots % block_size
 
 
-def gather_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """The token rows `slots` of `cache`: `[len(slots), Hkv, D]`, a new tensor."""
-    view = row_view(cache)
-    block_size = cache.shape[1]
-    if view is None:
-        slots = slots.long()
-        return cache[slots // block_size, slots % block_size]
-    rows, rows_per_block = view
-    return rows.index_select(0, slots_to_rows(slots, block_size, rows_per_block))
+def _rows(caches: tuple[torch.Tensor, ...], slots: torch.Tensor
+          ) -> tuple[list[torch.Tensor], torch.Tensor] | None:
+    """(each cache's row view, the row index of `slots`) when every cache is seen as
+    rows alike (K and V of one layer: the same index serves both), else None."""
+    views: list[tuple[torch.Tensor, int]] = []
+    for cache in caches:
+        view = row_view(cache)
+        if view is None or (views and view[1] != views[0][1]):
+            return None
+        views.append(view)
+    index = slots_to_rows(slots, caches[0].shape[1], views[0][1])
+    return [rows for rows, _ in views], index
 
 
-def scatter_slots(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
-    """Write `values` `[len(slots), Hkv, D]` into the token rows `slots` of `cache`."""
-    values = values.to(cache.dtype)
-    view = row_view(cache)
-    block_size = cache.shape[1]
-    if view is None:
+def gather_slots(slots: torch.Tensor, *caches: torch.Tensor) -> list[torch.Tensor]:
+    """The token rows `slots` of each cache: `[len(slots), Hkv, D]` each, new tensors
+    (K and V of a layer in one call share the row index)."""
+    found = _rows(caches, slots)
+    if found is None:
         slots = slots.long()
-        cache[slots // block_size, slots % block_size] = values
+        return [cache[slots // cache.shape[1], slots % cache.shape[1]] for cache in caches]
+    views, index = found
+    return [rows.index_select(0, index) for rows in views]
+
+
+def scatter_slots(slots: torch.Tensor, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Write each `(cache, values)`'s values `[len(slots), Hkv, D]` into the token rows
+    `slots` of its cache (K and V of a layer in one call share the row index)."""
+    found = _rows(tuple(cache for cache, _ in pairs), slots)
+    if found is None:
+        slots = slots.long()
+        for cache, values in pairs:
+            block_size = cache.shape[1]
+            cache[slots // block_size, slots % block_size] = values.to(cache.dtype)
         return
-    rows, rows_per_block = view
-    rows.index_copy_(0, slots_to_rows(slots, block_size, rows_per_block), values)
+    views, index = found
+    for rows, (cache, values) in zip(views, pairs):
+        rows.index_copy_(0, index, values.to(cache.dtype))

@@ -24,9 +24,11 @@ def test_worked_example_rows():
 def test_gather_matches_two_index_addressing(pad):
     k, v = paged_k_v(pad=pad)
     slots = torch.tensor([19, 0, 3, 4, 13, 13, 7])
-    for cache in (k, v):
-        expected = cache[slots // 4, slots % 4]
-        assert torch.equal(gather_slots(cache, slots), expected)
+    expected = [cache[slots // 4, slots % 4] for cache in (k, v)]
+    for cache, want in zip((k, v), expected):
+        assert torch.equal(gather_slots(slots, cache)[0], want)
+    got_k, got_v = gather_slots(slots, k, v)  # both in one call (one row index)
+    assert torch.equal(got_k, expected[0]) and torch.equal(got_v, expected[1])
     # a page that is not a whole number of token rows has no row view
     assert (row_view(k) is None) == (pad == 5)
 
@@ -39,12 +41,24 @@ def test_scatter_writes_only_its_slots(pad):
     slots = torch.tensor([18, 2, 9])
     values = -torch.rand(3, 2, 3)
     expected[slots // 4, slots % 4] = values
-    scatter_slots(k, slots, values)
+    scatter_slots(slots, (k, values))
     assert torch.equal(k, expected)
     assert torch.equal(v, before_v)  # V, in the same pages, untouched
+
+
+@pytest.mark.parametrize("pad", [0, 6, 5])
+def test_scatter_of_k_and_v_in_one_call(pad):
+    k, v = paged_k_v(pad=pad)
+    slots = torch.tensor([18, 2, 9])
+    k_values, v_values = -torch.rand(3, 2, 3), torch.rand(3, 2, 3) + 1000
+    expected_k, expected_v = k.clone(), v.clone()
+    expected_k[slots // 4, slots % 4] = k_values
+    expected_v[slots // 4, slots % 4] = v_values
+    scatter_slots(slots, (k, k_values), (v, v_values))
+    assert torch.equal(k, expected_k) and torch.equal(v, expected_v)
 
 
 def test_slot_past_the_cache_raises():
     k, _ = paged_k_v()
     with pytest.raises(IndexError):
-        gather_slots(k, torch.tensor([5 * 4]))
+        gather_slots(torch.tensor([5 * 4]), k)
