@@ -12,7 +12,6 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -36,6 +35,7 @@ from hybridkv.kv_cache.managers import (
     mamba_state_plan,
 )
 from hybridkv.kv_cache.managers.base import Lookup
+from hybridkv.kv_cache.prefix_cache_stats import REPEATED_MISS_WARNING, PrefixCacheStats
 from hybridkv.kv_cache.request import Request
 
 # the manager types the C paths know, exactly (a subclass may change any rule)
@@ -44,8 +44,6 @@ NATIVE_KINDS = {FullAttentionManager: fastpath.KIND_FULL,
                 SlidingWindowManager: fastpath.KIND_SLIDING,
                 ChunkedLocalAttentionManager: fastpath.KIND_CHUNKED,
                 MambaManager: fastpath.KIND_MAMBA}
-# lookups of one prompt start that found nothing before a warning is issued
-REPEATED_MISS_WARNING = 3
 
 
 if TYPE_CHECKING:
@@ -66,38 +64,6 @@ class KVCacheBlocks(BlocksBase):
 
     def __repr__(self) -> str:
         return f"KVCacheBlocks({self.get_block_ids()})"
-
-
-@dataclass
-class PrefixCacheStats:
-    """Cumulative counters; reading them resets nothing.
-
-    `queries` and `hits` count tokens (prompt tokens looked up, tokens
-    reused); `requests` counts lookups. Per group: `group_hits[g]`, the
-    tokens group g alone could have reused (up to the full-attention match);
-    `group_evictions[g]`, cached blocks of g recycled for new data.
-    `stranded_tokens`: tokens whose full-attention blocks were cached but
-    unusable because another group (a window, a Mamba state) was missing.
-    `repeated_miss_prefixes`: prompt starts looked up `REPEATED_MISS_WARNING`
-    times that found nothing reusable each time (the first one warns, see
-    `KVCacheManager`).
-    """
-
-    requests: int = 0
-    queries: int = 0
-    hits: int = 0
-    stranded_tokens: int = 0
-    evictions: int = 0
-    repeated_miss_prefixes: int = 0
-    group_hits: list[int] = field(default_factory=list)
-    group_evictions: list[int] = field(default_factory=list)
-
-    def group_hit_rate(self, group_id: int) -> float:
-        return self.group_hits[group_id] / self.queries if self.queries else 0.0
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
 
 
 class KVCacheManager:
