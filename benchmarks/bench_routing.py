@@ -41,7 +41,8 @@ def model_specs(model: str, block_size: int) -> list:
 
 
 class Filler:
-    """One instance: a real manager serving whole prompts one at a time."""
+    """One instance: a real manager serving whole prompts one at a time, its block
+    events handed to the router (`deliver`) after each."""
 
     def __init__(self, name: str, specs: list, num_blocks: int, router: Router) -> None:
         config = KVCacheConfig(num_blocks, [KVCacheGroupSpec([f"g{i}"], s)
@@ -50,26 +51,37 @@ class Filler:
         self.name = name
         self.events: list = []
         self.kv.pool.subscribe(self.events.append)
-        router.add_backend(name, CacheLayout.from_config(config))
         self.router = router
         self.count = 0
+        self.register(config)
+
+    def register(self, config: KVCacheConfig) -> None:
+        self.router.add_backend(self.name, CacheLayout.from_config(config))
+
+    def note_request(self, req: Request) -> None:
+        """A request about to be looked up (what its events will be keyed by)."""
+
+    def deliver(self) -> None:
+        self.router.apply_events(self.name, self.events)
 
     def serve(self, prompt: list[int]) -> None:
         self.count += 1
         req = Request(f"{self.name}-{self.count}", prompt)
+        self.note_request(req)
         blocks, hit = self.kv.get_computed_blocks(req)
         got = self.kv.allocate_slots(req, len(prompt) - hit, hit, blocks if hit else None)
         assert got is not None, "the pool cannot hold one prompt"
         req.num_computed_tokens = len(prompt)
         self.kv.free(req)
-        self.router.apply_events(self.name, self.events)
+        self.deliver()
         self.events.clear()
 
 
-def fill(args, router: Router, corpus: list[list[int]], rng: random.Random) -> list[Filler]:
+def fill(args, router: Router, corpus: list[list[int]], rng: random.Random,
+         filler_type: type[Filler] = Filler) -> list[Filler]:
     specs = model_specs(args.model, args.block_size)
     per_instance = args.total_blocks // args.instances
-    fillers = [Filler(f"i{k}", specs, per_instance, router) for k in range(args.instances)]
+    fillers = [filler_type(f"i{k}", specs, per_instance, router) for k in range(args.instances)]
     weights = [1 / (r + 1) ** args.zipf for r in range(len(corpus))]
     for filler in fillers:
         while filler.kv.pool.num_evictions < per_instance // 4:  # full, and evicting
@@ -165,14 +177,14 @@ class Fleet(NamedTuple):
     fill_s: float
 
 
-def filled_fleet(args: argparse.Namespace, fill_fn) -> Fleet:
-    """The corpus, a `hybrid-prefix` router and `fill_fn(args, router, corpus, rng)`'s
-    instances, timed, with the group blocks the router's index then holds."""
+def filled_fleet(args: argparse.Namespace, filler_type: type[Filler] = Filler) -> Fleet:
+    """The corpus, a `hybrid-prefix` router and its instances (`filler_type`) filled,
+    timed, with the group blocks the router's index then holds."""
     rng = random.Random(0)
     corpus = [question(rng, args.vocab, args.doc_len) for _ in range(args.num_docs)]
     router = Router("hybrid-prefix")
     t0 = time.perf_counter()
-    fillers = fill_fn(args, router, corpus, rng)
+    fillers = fill(args, router, corpus, rng, filler_type)
     fill_s = time.perf_counter() - t0
     index = next(iter(router.indexes.values()))
     cached = sum(index.num_cached_blocks(f.name) for f in fillers)
@@ -191,7 +203,7 @@ def print_rows(result: dict) -> None:
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
-    rng, corpus, router, fillers, index, cached, fill_s = filled_fleet(args, fill)
+    rng, corpus, router, fillers, index, cached, fill_s = filled_fleet(args)
     print(f"{args.model}: {args.instances} instances, {len(index.classes)} reuse classes, "
           f"{cached:,} cached group blocks in the index (filled in {fill_s:.0f} s)")
     result = measure(args, router, fillers, corpus, rng)

@@ -15,69 +15,42 @@ over the tokens, groups and rules learned from the events). Then
 
 from __future__ import annotations
 
-import random
 import time
 
-from bench_routing import filled_fleet, measure, model_specs, parse_args, print_rows, question
+from bench_routing import Filler, filled_fleet, measure, parse_args, print_rows
 from common import write_result
 
-from hybridkv.kv_cache.kv_cache_config import KVCacheConfig, KVCacheGroupSpec
-from hybridkv.kv_cache.kv_cache_manager import KVCacheManager
+from hybridkv.kv_cache.kv_cache_config import KVCacheConfig
 from hybridkv.kv_cache.request import Request
 from hybridkv.serving.kv_events_wire import WireBatch, decode_batch, encode_batch
-from hybridkv.serving.router.routing import Router
 from hybridkv.serving.router.vllm_view import VllmCacheView
 from hybridkv.serving.zmq_publisher import KvEventsConfig, ZmqKvEventPublisher
 
 
-class VllmFiller:
-    """One instance whose events reach the router as vLLM's would."""
+class VllmFiller(Filler):
+    """One instance whose events reach the router as vLLM's would: converted to vLLM's
+    wire format, encoded, decoded and applied by a `VllmCacheView` (timed)."""
 
-    def __init__(self, name: str, specs: list, num_blocks: int, router: Router) -> None:
-        config = KVCacheConfig(num_blocks, [KVCacheGroupSpec([f"g{i}"], s)
-                                            for i, s in enumerate(specs)])
-        self.kv = KVCacheManager(config)
-        self.name = name
-        self.events: list = []
-        self.kv.pool.subscribe(self.events.append)
+    def register(self, config: KVCacheConfig) -> None:
         self.publisher = ZmqKvEventPublisher(KvEventsConfig(True, "zmq"), self.kv)
-        self.view = VllmCacheView(name, router)
-        self.count = 0
+        self.view = VllmCacheView(self.name, self.router)
         self.ingest_s = 0.0
         self.num_events = 0
 
-    def serve(self, prompt: list[int]) -> None:
-        self.count += 1
-        req = Request(f"{self.name}-{self.count}", prompt)
+    def note_request(self, req: Request) -> None:
         self.publisher.note_request(req)
-        blocks, hit = self.kv.get_computed_blocks(req)
-        got = self.kv.allocate_slots(req, len(prompt) - hit, hit, blocks if hit else None)
-        assert got is not None, "the pool cannot hold one prompt"
-        req.num_computed_tokens = len(prompt)
-        self.kv.free(req)
+
+    def deliver(self) -> None:
         t0 = time.perf_counter()
         payload = encode_batch(WireBatch(0.0, self.publisher.convert(self.events)))
         self.view.apply(decode_batch(payload))
         self.ingest_s += time.perf_counter() - t0
         self.num_events += len(self.events)
-        self.events.clear()
-
-
-def fill(args, router: Router, corpus, rng: random.Random) -> list[VllmFiller]:
-    specs = model_specs(args.model, args.block_size)
-    per_instance = args.total_blocks // args.instances
-    fillers = [VllmFiller(f"i{k}", specs, per_instance, router) for k in range(args.instances)]
-    weights = [1 / (r + 1) ** args.zipf for r in range(len(corpus))]
-    for filler in fillers:
-        while filler.kv.pool.num_evictions < per_instance // 4:  # full, and evicting
-            doc = rng.choices(corpus, weights)[0]
-            filler.serve(doc + question(rng, args.vocab))
-    return fillers
 
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
-    rng, corpus, router, fillers, index, cached, fill_s = filled_fleet(args, fill)
+    rng, corpus, router, fillers, index, cached, fill_s = filled_fleet(args, VllmFiller)
     events = sum(f.num_events for f in fillers)
     ingest = sum(f.ingest_s for f in fillers)
     unplaced = sum(f.view.num_unplaced for f in fillers)
