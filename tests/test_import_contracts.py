@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_import_contract_holds(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
-    status = cli.lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    config = str(ROOT / "pyproject.toml")
+    status = cli.lint_imports(config_filename=config, no_cache=True, no_logo=True)
     report = capsys.readouterr().out
     assert status == 0, report
     assert "0 broken" in report, report
