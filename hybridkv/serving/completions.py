@@ -179,10 +179,13 @@ class CompletionService:
         writer = ChunkWriter(self.builder, job)
         async with contextlib.aclosing(deltas):
             try:
+                # the role chunk goes out with the first token, not before the prefill
+                # (as vLLM does), so a client's time to first chunk is time to first token
                 first = writer.first()
-                if first:
-                    yield first
                 async for delta in deltas:
+                    if first:
+                        yield first
+                        first = ""
                     event = await self.workers.run(writer.push, _check(delta, job.chat))
                     if event:
                         yield event
