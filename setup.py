@@ -7,9 +7,12 @@ Each needs only a C compiler and Python's headers and links no library:
   time) and xxHash is the vendored header-only library (`_vendor/xxhash.h`,
   BSD-2-Clause);
 - `hybridkv._native._fastpath` (the KV cache manager's hot paths, `_fp_*.c`);
-- `hybridkv._native._codec` (the KV tier's batch encoding and eviction selection).
+- `hybridkv._native._codec` (the KV tier's batch encoding and eviction selection);
+- `hybridkv.kernels._decode_attn` (decode attention read in place from the paged
+  KV cache, float32 CPU).
 
-All C sources live in `hybridkv/_native/`.
+The C sources live in `hybridkv/_native/`, the kernel's beside its Python wrapper
+in `hybridkv/kernels/`.
 
 When one cannot be built (no compiler, no Python headers) the install still
 succeeds, prints a warning and leaves the reason beside the module
@@ -61,6 +64,11 @@ CODEC = Extension(
     include_dirs=[_NATIVE],
     optional=True,
 )
+DECODE_ATTN = Extension(
+    "hybridkv.kernels._decode_attn",
+    sources=[os.path.join("hybridkv", "kernels", "_decode_attn.c")],
+    optional=True,
+)
 # what each extension does, and what runs instead when it is missing
 _ROLES = {
     CHAINHASH.name: ("C hashing extension", "block hashing falls back to pure Python (~7x "
@@ -68,6 +76,8 @@ _ROLES = {
     FASTPATH.name: ("C fast-path extension", "the KV cache manager runs its pure-Python "
                                              "reference (several times slower)"),
     CODEC.name: ("C KV store codec", "KV store payloads are encoded in Python (slower)"),
+    DECODE_ATTN.name: ("C decode attention kernel", "decode steps gather K and V in torch "
+                                                    "(slower at large head sizes)"),
 }
 
 
@@ -201,4 +211,5 @@ def _write_marker(path: str, reason: str | None) -> None:
         f.write(reason + "\n")
 
 
-setup(ext_modules=[CHAINHASH, FASTPATH, CODEC], cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=[CHAINHASH, FASTPATH, CODEC, DECODE_ATTN],
+      cmdclass={"build_ext": OptionalBuildExt})

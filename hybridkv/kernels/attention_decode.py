@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from hybridkv.kernels.decode_native import can_decode_natively, native_decode_attention
 from hybridkv.kernels.paged_rows import gather_slots
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class DecodeLayout(NamedTuple):
     slots: torch.Tensor  # int64 [S * L] flat slot of each (sequence, key), padded
     mask: torch.Tensor | None  # bool [S, 1, 1, L] slot holds a visible key; None: all do
     num_keys: int  # L, the longest run
+    counts: torch.Tensor  # int64 [S] visible keys of each sequence (its first slots)
 
 
 def is_decode_batch(query: torch.Tensor, batch: AttentionBatch, rules: MaskRules,
@@ -86,12 +88,18 @@ def _build_layout(batch: AttentionBatch, rules: MaskRules, block_size: int) -> D
     blocks = table.long().gather(1, pos // block_size)  # [S, L]
     slots = (blocks * block_size + pos % block_size).flatten()
     mask = None if bool(valid.all()) else valid[:, None, None, :]
-    return DecodeLayout(slots, mask, num_keys)
+    return DecodeLayout(slots, mask, num_keys, counts)
 
 
 def decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      layout: DecodeLayout, scale: float) -> torch.Tensor:
-    """Attention of one query per sequence: `query` `[S, Hq, D]` -> `[S, Hq, D]`."""
+    """Attention of one query per sequence: `query` `[S, Hq, D]` -> `[S, Hq, D]`, by the C
+    kernel when it can (`decode_native.py`), else by a gather and torch's SDPA."""
+    if can_decode_natively(query, k_cache, v_cache):
+        out = native_decode_attention(query, k_cache, v_cache, layout.slots, layout.counts,
+                                      layout.num_keys, scale)
+        if out is not None:
+            return out
     num_seqs, num_kv_heads, head_dim = query.shape[0], k_cache.shape[2], k_cache.shape[3]
     shape = (num_seqs, layout.num_keys, num_kv_heads, head_dim)
     # k, v: [S, Hkv, L, D], float32 like the rest of the torch path

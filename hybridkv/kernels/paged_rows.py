@@ -44,8 +44,8 @@ def slots_to_rows(slots: torch.Tensor, block_size: int, rows_per_block: int) -> 
     return slots // block_size * rows_per_block + slots % block_size
 
 
-def _rows(caches: tuple[torch.Tensor, ...], slots: torch.Tensor
-          ) -> tuple[list[torch.Tensor], torch.Tensor] | None:
+def row_views_and_index(caches: tuple[torch.Tensor, ...], slots: torch.Tensor
+                        ) -> tuple[list[torch.Tensor], torch.Tensor] | None:
     """(each cache's row view, the row index of `slots`) when every cache is seen as
     rows alike (K and V of one layer: the same index serves both), else None."""
     views: list[tuple[torch.Tensor, int]] = []
@@ -61,7 +61,7 @@ def _rows(caches: tuple[torch.Tensor, ...], slots: torch.Tensor
 def gather_slots(slots: torch.Tensor, *caches: torch.Tensor) -> list[torch.Tensor]:
     """The token rows `slots` of each cache: `[len(slots), Hkv, D]` each, new tensors
     (K and V of a layer in one call share the row index)."""
-    found = _rows(caches, slots)
+    found = row_views_and_index(caches, slots)
     if found is None:
         slots = slots.long()
         return [cache[slots // cache.shape[1], slots % cache.shape[1]] for cache in caches]
@@ -72,7 +72,7 @@ def gather_slots(slots: torch.Tensor, *caches: torch.Tensor) -> list[torch.Tenso
 def scatter_slots(slots: torch.Tensor, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
     """Write each `(cache, values)`'s values `[len(slots), Hkv, D]` into the token rows
     `slots` of its cache (K and V of a layer in one call share the row index)."""
-    found = _rows(tuple(cache for cache, _ in pairs), slots)
+    found = row_views_and_index(tuple(cache for cache, _ in pairs), slots)
     if found is None:
         slots = slots.long()
         for cache, values in pairs:

@@ -1,0 +1,222 @@
+/* Decode attention read straight from a paged KV cache (float32, CPU).
+ *
+ * One query token per sequence. Sequence s sees `counts[s]` keys, the cache rows
+ * `rows[s * max_keys + j]` (j < counts[s]); a row holds every KV head of one token,
+ * `row_stride` floats apart. For each (sequence, KV head) the kernel reads each key
+ * row and each value row once, for all the query heads that share that KV head:
+ *
+ *     score[g][j] = scale * dot(q[s, h * G + g], K[row j, h])
+ *     out[s, h * G + g] = sum_j softmax(score[g])[j] * V[row j, h]
+ *
+ * Nothing is gathered into a temporary copy, which is what a decode step of a model
+ * with large heads spends its time on in the torch path. The caller checks shapes,
+ * dtypes and bounds (`hybridkv/kernels/decode_native.py`); this file trusts them.
+ * The GIL is released while it computes.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One copy of the hot loops per x86-64 level, picked at load time: the plain build
+ * targets the baseline ISA, where the 16-wide accumulators do not fill a register. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define HKV_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define HKV_CLONES
+#endif
+
+#define LANES 16
+
+typedef struct {
+    const float *q;        /* [S, Hq, D] */
+    float *out;            /* [S, Hq, D] */
+    const float *k;        /* row r, head h at k + r * row_stride + h * D */
+    const float *v;
+    const int64_t *rows;   /* [S, max_keys] */
+    const int64_t *counts; /* [S] */
+    Py_ssize_t num_seqs, num_q_heads, num_kv_heads, head_dim, max_keys, row_stride;
+    float scale;
+} DecodeArgs;
+
+/* dot(a, b) over n floats, with LANES independent sums (vectorizable without
+ * reassociating one running sum). */
+HKV_CLONES
+static float dot(const float *a, const float *b, Py_ssize_t n)
+{
+    float acc[LANES] = {0};
+    Py_ssize_t d = 0;
+    for (; d + LANES <= n; d += LANES)
+        for (int i = 0; i < LANES; i++)
+            acc[i] += a[d + i] * b[d + i];
+    float sum = 0.0f;
+    for (int i = 0; i < LANES; i++)
+        sum += acc[i];
+    for (; d < n; d++)
+        sum += a[d] * b[d];
+    return sum;
+}
+
+/* dots[g] = dot(q + g * n, k) for 4 query heads at once: one pass over the key row with
+ * 4 x 2 independent LANES-wide sums, so the multiply-adds do not wait on each other. */
+HKV_CLONES
+static void dot4(const float *q, const float *k, Py_ssize_t n, float *dots)
+{
+    float acc[4][2 * LANES] = {{0}};
+    Py_ssize_t d = 0;
+    for (; d + 2 * LANES <= n; d += 2 * LANES)
+        for (int g = 0; g < 4; g++)
+            for (int i = 0; i < 2 * LANES; i++)
+                acc[g][i] += q[g * n + d + i] * k[d + i];
+    for (int g = 0; g < 4; g++) {
+        float sum = 0.0f;
+        for (int i = 0; i < 2 * LANES; i++)
+            sum += acc[g][i];
+        for (Py_ssize_t t = d; t < n; t++)
+            sum += q[g * n + t] * k[t];
+        dots[g] = sum;
+    }
+}
+
+/* acc[0:n] += w * x[0:n] */
+HKV_CLONES
+static void axpy(float *acc, float w, const float *x, Py_ssize_t n)
+{
+    for (Py_ssize_t d = 0; d < n; d++)
+        acc[d] += w * x[d];
+}
+
+#define PREFETCH_AHEAD 2  /* rows */
+
+/* Ask for the cache lines of the `n` floats at x (a row read a little later). */
+static inline void prefetch_row(const float *x, Py_ssize_t n)
+{
+    for (Py_ssize_t d = 0; d < n; d += 64 / (Py_ssize_t)sizeof(float))
+        __builtin_prefetch(x + d, 0, 3);
+}
+
+/* scores[g * L + j] for the `group` query heads at q, against keys 0..n-1. */
+static void score_keys(const DecodeArgs *a, const float *q, const int64_t *rows,
+                       Py_ssize_t n, Py_ssize_t kv_head, Py_ssize_t group, float *scores)
+{
+    Py_ssize_t D = a->head_dim;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const float *key = a->k + rows[j] * a->row_stride + kv_head * D;
+        if (j + PREFETCH_AHEAD < n)
+            prefetch_row(a->k + rows[j + PREFETCH_AHEAD] * a->row_stride + kv_head * D, D);
+        Py_ssize_t g = 0;
+        for (; g + 4 <= group; g += 4) {
+            float dots[4];
+            dot4(q + g * D, key, D, dots);
+            for (int i = 0; i < 4; i++)
+                scores[(g + i) * a->max_keys + j] = a->scale * dots[i];
+        }
+        for (; g < group; g++)
+            scores[g * a->max_keys + j] = a->scale * dot(q + g * D, key, D);
+    }
+}
+
+/* In place: scores[0:n] -> exp(scores - max); returns their sum. */
+static float softmax_weights(float *scores, Py_ssize_t n)
+{
+    float top = scores[0];
+    for (Py_ssize_t j = 1; j < n; j++)
+        top = scores[j] > top ? scores[j] : top;
+    float sum = 0.0f;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        scores[j] = expf(scores[j] - top);
+        sum += scores[j];
+    }
+    return sum;
+}
+
+/* out[g] = sum_j weights[g][j] * V[row j] / norm[g] for the group's query heads. */
+static void mix_values(const DecodeArgs *a, const float *weights, const float *norms,
+                       const int64_t *rows, Py_ssize_t n, Py_ssize_t kv_head,
+                       Py_ssize_t group, float *out)
+{
+    Py_ssize_t D = a->head_dim;
+    memset(out, 0, (size_t)(group * D) * sizeof(float));
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const float *value = a->v + rows[j] * a->row_stride + kv_head * D;
+        if (j + PREFETCH_AHEAD < n)
+            prefetch_row(a->v + rows[j + PREFETCH_AHEAD] * a->row_stride + kv_head * D, D);
+        for (Py_ssize_t g = 0; g < group; g++)
+            axpy(out + g * D, weights[g * a->max_keys + j], value, D);
+    }
+    for (Py_ssize_t g = 0; g < group; g++) {
+        float inv = 1.0f / norms[g];
+        for (Py_ssize_t d = 0; d < D; d++)
+            out[g * D + d] *= inv;
+    }
+}
+
+static void decode_all(const DecodeArgs *a, float *scores, float *norms)
+{
+    Py_ssize_t group = a->num_q_heads / a->num_kv_heads, D = a->head_dim;
+    for (Py_ssize_t s = 0; s < a->num_seqs; s++) {
+        const int64_t *rows = a->rows + s * a->max_keys;
+        Py_ssize_t n = (Py_ssize_t)a->counts[s];
+        for (Py_ssize_t h = 0; h < a->num_kv_heads; h++) {
+            Py_ssize_t first = (s * a->num_q_heads + h * group) * D;
+            score_keys(a, a->q + first, rows, n, h, group, scores);
+            for (Py_ssize_t g = 0; g < group; g++)
+                norms[g] = softmax_weights(scores + g * a->max_keys, n);
+            mix_values(a, scores, norms, rows, n, h, group, a->out + first);
+        }
+    }
+}
+
+static void *as_pointer(PyObject *value)
+{
+    return PyLong_AsVoidPtr(value);
+}
+
+/* decode(q, out, k, v, rows, counts, num_seqs, num_q_heads, num_kv_heads, head_dim,
+ *        max_keys, row_stride, scale): addresses as ints, sizes in elements. */
+static PyObject *decode(PyObject *self, PyObject *args)
+{
+    PyObject *q, *out, *k, *v, *rows, *counts;
+    DecodeArgs a;
+    if (!PyArg_ParseTuple(args, "OOOOOOnnnnnnf", &q, &out, &k, &v, &rows, &counts,
+                          &a.num_seqs, &a.num_q_heads, &a.num_kv_heads, &a.head_dim,
+                          &a.max_keys, &a.row_stride, &a.scale))
+        return NULL;
+    a.q = as_pointer(q);
+    a.out = as_pointer(out);
+    a.k = as_pointer(k);
+    a.v = as_pointer(v);
+    a.rows = as_pointer(rows);
+    a.counts = as_pointer(counts);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t group = a.num_kv_heads > 0 ? a.num_q_heads / a.num_kv_heads : 0;
+    if (a.max_keys < 1 || group < 1 || a.head_dim < 1)
+        return PyErr_Format(PyExc_ValueError, "decode: bad sizes");
+    float *scores = malloc((size_t)(group * a.max_keys + group) * sizeof(float));
+    if (scores == NULL)
+        return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    decode_all(&a, scores, scores + group * a.max_keys);
+    Py_END_ALLOW_THREADS
+    free(scores);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", decode, METH_VARARGS,
+     "Decode attention from a paged cache, written into `out` (see the module's C source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_decode_attn", "Decode attention from a paged KV cache.", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__decode_attn(void)
+{
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,98 @@
+"""The C decode kernel: one query per sequence, K and V read in place from paged caches,
+checked against a float64 softmax over the same rows read by two-index addressing."""
+
+import types
+
+import pytest
+import torch
+
+from hybridkv.kernels import decode_native
+from hybridkv.kernels.attention import MaskRules
+from hybridkv.kernels.attention_decode import decode_attention, decode_layout
+from tests.kernels.test_attention_decode import decode_batch
+
+pytestmark = pytest.mark.skipif(decode_native._decode_attn is None,
+                                reason="the C decode kernel is not built")
+
+
+def paged_caches(num_blocks, block_size, heads, dim, pad, seed):
+    """K and V sharing pages (K then V, `pad` floats after them), unused blocks NaN."""
+    page = 2 * block_size * heads * dim + pad
+    raw = torch.randn(num_blocks, page, generator=torch.Generator().manual_seed(seed))
+    kv = raw[:, :page - pad].unflatten(1, (2, block_size, heads, dim))
+    return kv[:, 0], kv[:, 1]
+
+
+def expected(query, k, v, slots, counts, num_keys, scale):
+    """float64 attention of sequence s over its first counts[s] slots."""
+    out = torch.empty(query.shape, dtype=torch.float64)
+    group = query.shape[1] // k.shape[2]
+    block_size = k.shape[1]
+    for s, n in enumerate(counts.tolist()):
+        mine = slots[s * num_keys:s * num_keys + n]
+        keys = k[mine // block_size, mine % block_size].double()  # [n, Hkv, D]
+        values = v[mine // block_size, mine % block_size].double()
+        for h in range(query.shape[1]):
+            scores = keys[:, h // group] @ query[s, h].double() * scale  # [n]
+            out[s, h] = torch.softmax(scores, 0) @ values[:, h // group]
+    return out
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,dim", [
+    (4, 1, 256), (6, 2, 32), (3, 3, 16), (5, 1, 40), (8, 2, 20)])
+@pytest.mark.parametrize("pad", [0, 12])
+def test_matches_a_float64_softmax_over_the_same_rows(num_q_heads, num_kv_heads, dim, pad):
+    block_size, num_blocks, num_keys = 4, 12, 9
+    k, v = paged_caches(num_blocks, block_size, num_kv_heads, dim, pad * dim, seed=dim + pad)
+    g = torch.Generator().manual_seed(num_q_heads)
+    counts = torch.tensor([9, 1, 5])
+    used = torch.randperm(num_blocks - 1, generator=g)[:3 * 3] + 1  # blocks 1.., 3 each
+    slots = torch.cat([
+        (used[3 * s:3 * s + 3, None] * block_size + torch.arange(block_size)).flatten()[:num_keys]
+        for s in range(3)])
+    for s, n in enumerate(counts.tolist()):  # padding repeats the sequence's last slot
+        slots[s * num_keys + n:(s + 1) * num_keys] = slots[s * num_keys + n - 1]
+    unused = torch.ones(num_blocks, dtype=torch.bool)
+    unused[slots // block_size] = False
+    k[unused] = float("nan")
+    v[unused] = float("nan")
+    query = torch.randn(3, num_q_heads, dim, generator=g)
+    out = decode_native.native_decode_attention(query, k, v, slots, counts, num_keys, 0.3)
+    assert out is not None and out.dtype == torch.float32
+    want = expected(query, k, v, slots, counts, num_keys, 0.3)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_caches_without_a_row_view_are_left_to_torch():
+    k, v = paged_caches(5, 4, 2, 3, 5, seed=0)  # page padding not a whole number of rows
+    out = decode_native.native_decode_attention(torch.randn(1, 2, 3), k, v,
+                                                torch.arange(4), torch.tensor([4]), 4, 1.0)
+    assert out is None
+
+
+def test_only_float32_cpu_layers_qualify():
+    k, v = paged_caches(5, 4, 2, 8, 0, seed=0)
+    query = torch.randn(2, 4, 8)
+    assert decode_native.can_decode_natively(query, k, v)
+    assert not decode_native.can_decode_natively(query.bfloat16(), k, v)
+    assert not decode_native.can_decode_natively(query, k.double(), v)
+    assert not decode_native.can_decode_natively(torch.randn(2, 3, 8), k, v)  # 3 heads on 2
+
+
+def test_the_decode_path_runs_the_kernel_and_agrees_with_torch(monkeypatch):
+    k, v = paged_caches(10, 2, 1, 32, 0, seed=3)
+    batch = decode_batch([3, 6], [[5, 7, 0], [2, 9, 4]])
+    layout = decode_layout(batch, MaskRules(1.0, sliding_window=4), block_size=2)
+    query = torch.randn(2, 4, 32)
+    real = decode_native._decode_attn
+    calls = []
+    monkeypatch.setattr(decode_native, "_decode_attn", types.SimpleNamespace(
+        decode=lambda *args: calls.append(args) or real.decode(*args)))
+    fast = decode_attention(query, k, v, layout, 0.5)
+    assert len(calls) == 1
+    monkeypatch.setattr(decode_native, "can_decode_natively", lambda *args: False)
+    monkeypatch.setattr("hybridkv.kernels.attention_decode.can_decode_natively",
+                        lambda *args: False)
+    torch.testing.assert_close(fast, decode_attention(query, k, v, layout, 0.5),
+                               atol=1e-5, rtol=1e-5)
+    assert len(calls) == 1  # the second run took the gather and SDPA
