@@ -77,7 +77,7 @@ class LLM:
     evicted blocks to keep). See docs/kv_tiers.md.
 
     `prepack_weights` (CPU, float32): keep a oneDNN-packed copy of the linear
-    weights for decode-sized steps (faster decode; a second copy of those
+    weights for steps of 2 tokens or more (faster decode and prefill; a second copy of those
     weights in memory; weights changed after start-up are not seen by it).
     """
 

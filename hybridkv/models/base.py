@@ -111,8 +111,8 @@ class ModelRunner(ABC):
         return cls(model)
 
     def prepack_weights(self) -> int:
-        """Pack the attention projections, gated MLPs and LM head for decode-sized CPU
-        steps (`packed_linear`); returns how many weights were packed (0 where oneDNN
+        """Pack the attention projections, gated MLPs and LM head for CPU steps of 2
+        tokens or more (`packed_linear`); returns how many weights were packed (0 where oneDNN
         cannot pack them, e.g. off CPU or not float32). Costs a second copy of each."""
         for layer in self.decoder.layers:
             attn = getattr(layer, "self_attn", None)

@@ -78,4 +78,4 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     engine.add_argument("--prepack-weights", action=argparse.BooleanOptionalAction,
                         default=True, help="CPU: a oneDNN-packed copy of the linear weights "
-                                           "for decode steps (faster; twice their memory)")
+                                           "(faster steps; twice their memory)")
