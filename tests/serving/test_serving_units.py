@@ -159,3 +159,37 @@ def test_an_engine_failure_reaches_every_reader_and_later_requests(monkeypatch):
     failed = asyncio.run(run())
     assert failed.status == 500 and "boom" in failed.error
     assert not engine.is_running and engine.num_live == 0
+
+
+def test_a_chat_stream_sends_its_role_chunk_with_the_first_token():
+    from hybridkv.engine.sampling import SamplingParams as Params
+    from hybridkv.serving.async_engine import Delta
+    from hybridkv.serving.choices import Job, ResponseBuilder
+    from hybridkv.serving.completions import CompletionService, TextWorkers
+    from hybridkv.serving.protocol import ChatCompletionRequest
+
+    service = CompletionService.__new__(CompletionService)
+    service.builder, service.workers = ResponseBuilder(None, "m"), TextWorkers(1)
+    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+    job = Job(chat=True, body=body, prompts=[[1, 2]], prompt_texts=[None], id="c",
+              requests=[EngineRequest("r", [1, 2], Params(max_tokens=2))])
+    produced = []
+
+    async def deltas():  # the engine: the first token comes after the prefill
+        produced.append(5)
+        yield Delta(0, [5])
+        yield Delta(0, [6], finish_reason="length")
+
+    async def run():
+        events = []
+        async for event in service._stream(job, deltas()):
+            events.append((event, list(produced)))
+        return events
+
+    events = asyncio.run(run())
+    service.workers.close()
+    first, seen = events[0]
+    assert '"role":"assistant"' in first and seen == [5]  # not before the first token
+    later = [e for e, _ in events[1:]]
+    assert len(later) == 3 and all('"role":"assistant"' not in e for e in later)
+    assert '"finish_reason":"length"' in later[1] and later[-1] == "data: [DONE]\n\n"
