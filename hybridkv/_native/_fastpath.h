@@ -31,10 +31,11 @@ typedef struct BlockObject {
     PyObject *value_hint;  /* a Rating */
     PyObject *queue_slot;
     PyObject *weakreflist;
-    /* the C eviction policy's links (_fp_hybrid.c; not seen from Python): the
-     * policy queueing the block (NULL: none), its tier there, its neighbours in
-     * that tier and the policy's clock when it was released; its release mark in
-     * one LRU queue, number and base (the LRU votes, _fp_lrupos.h) */
+    /* the C eviction policies' links (_fp_hybrid.c, _fp_rules.c; not seen from
+     * Python): the policy queueing the block (NULL: none), its tier or queue there,
+     * its neighbours in it and the policy's clock when it was released; its release
+     * mark in one LRU queue, number and base (the LRU votes: _fp_lrupos.h; the
+     * `hybrid` rules keep their mark in q_mark_number) */
     void *q_owner;
     struct BlockObject *q_prev, *q_next;
     Py_ssize_t q_released;
@@ -201,6 +202,7 @@ hkv_unbound(void)
 /* ---- the hybrid eviction policy's tiers (_fp_hybrid.c) --------------------- */
 
 extern PyTypeObject HKV_HybridCoreType;
+extern PyTypeObject HKV_HybridRulesCoreType;
 
 /* ---- the paths (each file's entry points) ---------------------------------- */
 
