@@ -1,8 +1,8 @@
 """Eviction policies: which free block is taken when new data needs one.
 
 `base` defines the policy interface and the ratings groups give released
-blocks; `lru`, `tiered` (the default) and `hybrid` (five rules, in Python
-only for now) are the built-in policies. Policies are picked by
+blocks; `hybrid` (the default: five rules, with a C twin), `lru` and `tiered`
+are the built-in policies. Policies are picked by
 name from `EVICTION_POLICIES`, a registry users extend with
 `register_eviction_policy`.
 """
@@ -29,10 +29,8 @@ if TYPE_CHECKING:
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
     "lru": LRUPolicy, "hybrid": HybridPolicy, "tiered": TieredPolicy}
-# the default: six tiers over the groups' ratings (tiers.py), on its C core; `hybrid`
-# (five rules) keeps a little more reuse on the grid but has no C twin yet, and
-# without one the manager falls under 5x vLLM's (docs/eviction.md)
-DEFAULT_EVICTION_POLICY = "tiered"
+# the default: five rules over the groups' ratings (hybrid.py), on its C twin
+DEFAULT_EVICTION_POLICY = "hybrid"
 
 
 def register_eviction_policy(name: str, policy_class: type[EvictionPolicy]) -> None:
