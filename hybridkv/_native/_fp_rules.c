@@ -151,7 +151,7 @@ rules_init(RulesObject *self, PyObject *args, PyObject *kwds)
             BlockObject *b = BLOCK(PySequence_Fast_GET_ITEM(seq, i));
             if (b->q_owner == self)  /* given twice: the reference keeps its first place */
                 continue;
-            b->q_mark_number = 0;
+            b->q_mark = 0;
             queue_push_back(self, EMPTY, (BlockObject *)Py_NewRef(b));
             self->num_free++;
         }
@@ -236,14 +236,14 @@ check_blocks(RulesObject *self, PyObject *seq, int want_queued)
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (i = 0; i < n && bad < 0; i++) {
         PyObject *obj = items[i];
-        if (!PyObject_TypeCheck(obj, &HKV_BlockType) || BLOCK(obj)->q_tier < 0 ||
+        if (!PyObject_TypeCheck(obj, &HKV_BlockType) || BLOCK(obj)->q_queue < 0 ||
             BLOCK(obj)->q_owner != (want_queued ? (void *)self : NULL))
             bad = i;
         else
-            BLOCK(obj)->q_tier = -1 - BLOCK(obj)->q_tier;  /* marked: seen once */
+            BLOCK(obj)->q_queue = -1 - BLOCK(obj)->q_queue;  /* marked: seen once */
     }
     for (Py_ssize_t j = 0; j < i - (bad >= 0); j++)
-        BLOCK(items[j])->q_tier = -1 - BLOCK(items[j])->q_tier;
+        BLOCK(items[j])->q_queue = -1 - BLOCK(items[j])->q_queue;
     if (bad < 0)
         return 0;
     if (want_queued)
@@ -269,7 +269,7 @@ rules_add_free(RulesObject *self, PyObject *blocks)
     int cycling = is_cycling(self);
     for (Py_ssize_t i = 0; i < n; i++) {
         BlockObject *b = BLOCK(items[i]);
-        b->q_mark_number = mark + i;
+        b->q_mark = mark + i;
         int q = queue_of(self, b);
         if (q == FRESH && cycling)
             continue;  /* queued below, with the whole release */
@@ -305,8 +305,8 @@ rules_remove_blocks(RulesObject *self, PyObject *blocks)
     int late = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         BlockObject *b = BLOCK(items[i]);
-        int q = b->q_tier;
-        if (b->ref_cnt && (q == FRESH || q == HIT) && self->clock > b->q_mark_number)
+        int q = b->q_queue;
+        if (b->ref_cnt && (q == FRESH || q == HIT) && self->clock > b->q_mark)
             late = 1;  /* a hit on data LRU would have dropped */
         queue_unlink(self, b);
         Py_DECREF(b);  /* the caller's sequence still holds it */
@@ -354,7 +354,7 @@ rules_hint_changed(RulesObject *self, PyObject *block)
     }
     BlockObject *b = BLOCK(block);
     int q = queue_of(self, b);
-    if (q != b->q_tier) {  /* to its new queue's back; not a release: its mark stays */
+    if (q != b->q_queue) {  /* to its new queue's back; not a release: its mark stays */
         queue_unlink(self, b);
         queue_push_back(self, q, b);
         spill(self);

@@ -26,7 +26,7 @@ typedef struct {
     Py_ssize_t num_free;
     Py_ssize_t size;      /* the pool's free blocks at construction (at least 1) */
     Py_ssize_t clock;     /* blocks taken so far */
-    Watch ghosts;         /* evicted hashes, oldest first, each with its mark (info.number) */
+    Watch ghosts;         /* evicted hashes, oldest first, each with its mark (info.mark) */
     double lru_share, cycle_share;  /* the votes of rule 4 */
     /* HybridRules, read by field name at construction */
     double hit_share, vote_weight;
@@ -34,8 +34,8 @@ typedef struct {
     int low_value_first, hits_kept, cycle_guard, protected_last;
 } RulesObject;
 
-/* A free block's LRU mark (hybrid.py's `_marks`) lives in BlockObject.q_mark_number
- * and its queue in q_tier; q_owner is the policy queueing it. */
+/* A free block's LRU mark (hybrid.py's `_marks`) lives in BlockObject.q_mark
+ * and its queue in q_queue; q_owner is the policy queueing it. */
 
 static inline void
 set_queue_slot(BlockObject *b, int q)
@@ -49,7 +49,7 @@ queue_push_back(RulesObject *self, int q, BlockObject *b)
 {
     Queue *queue = &self->queues[q];
     b->q_owner = self;
-    b->q_tier = q;
+    b->q_queue = q;
     b->q_next = NULL;
     b->q_prev = queue->tail;
     if (queue->tail != NULL)
@@ -67,7 +67,7 @@ queue_push_front(RulesObject *self, int q, BlockObject *b)
 {
     Queue *queue = &self->queues[q];
     b->q_owner = self;
-    b->q_tier = q;
+    b->q_queue = q;
     b->q_prev = NULL;
     b->q_next = queue->head;
     if (queue->head != NULL)
@@ -83,7 +83,7 @@ queue_push_front(RulesObject *self, int q, BlockObject *b)
 static inline void
 queue_unlink(RulesObject *self, BlockObject *b)
 {
-    Queue *queue = &self->queues[b->q_tier];
+    Queue *queue = &self->queues[b->q_queue];
     if (b->q_prev != NULL)
         b->q_prev->q_next = b->q_next;
     else

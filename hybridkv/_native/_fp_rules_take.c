@@ -25,7 +25,7 @@ remember(RulesObject *self, PyObject *out)
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(out); i++) {
         BlockObject *b = BLOCK(PyList_GET_ITEM(out, i));
-        WatchInfo info = {b->q_mark_number, 0, 0};
+        WatchInfo info = {b->q_mark};
         if (b->block_hash != Py_None && hkv_watch_put(&self->ghosts, b->block_hash, info) < 0)
             return -1;
     }
@@ -68,7 +68,7 @@ hkv_rules_recomputed(RulesObject *self, PyObject *block_hash)
     }
     if (hkv_watch_pop(&self->ghosts, block_hash, &info) < 0)  /* KeyError when not evicted */
         return NULL;
-    if (self->clock <= info.number)
+    if (self->clock <= info.mark)
         vote(self, 1);  /* evicted before LRU would have dropped it */
     Py_RETURN_NONE;
 }

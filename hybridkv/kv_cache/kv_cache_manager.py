@@ -74,10 +74,8 @@ class KVCacheManager:
         enable_caching: reuse blocks across requests (prefix caching).
         hash_algo: "sha256" (default) or "xxhash".
         eviction_policy: a registered policy name: "hybrid" (default,
-            retention-aware: five rules, see hybridkv.kv_cache.eviction.hybrid),
-            "tiered" (the former six-tier default, see
-            hybridkv.kv_cache.eviction.tiers) or "lru" (vLLM's LRU order, see
-            hybridkv.kv_cache.eviction.lru).
+            retention-aware: five rules, see hybridkv.kv_cache.eviction.hybrid)
+            or "lru" (vLLM's LRU order, see hybridkv.kv_cache.eviction.lru).
         warn_repeated_misses: issue one RuntimeWarning (per manager) the first
             time a prompt start has been looked up `REPEATED_MISS_WARNING` times
             and found nothing reusable each time: the pool may be too small for

@@ -1,8 +1,8 @@
 """Eviction policies: which free block is taken when new data needs one.
 
 `base` defines the policy interface and the ratings groups give released
-blocks; `hybrid` (the default: five rules, with a C twin), `lru` and `tiered`
-are the built-in policies. Policies are picked by
+blocks; `hybrid` (the default: five rules, with a C twin) and `lru` are the
+built-in policies. Policies are picked by
 name from `EVICTION_POLICIES`, a registry users extend with
 `register_eviction_policy`.
 """
@@ -22,13 +22,12 @@ from hybridkv.kv_cache.eviction.base import (
 )
 from hybridkv.kv_cache.eviction.hybrid import HybridPolicy, HybridRules
 from hybridkv.kv_cache.eviction.lru import LRUPolicy
-from hybridkv.kv_cache.eviction.tiers import TieredPolicy
 
 if TYPE_CHECKING:
     from hybridkv.kv_cache.block_pool import Block
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
-    "lru": LRUPolicy, "hybrid": HybridPolicy, "tiered": TieredPolicy}
+    "lru": LRUPolicy, "hybrid": HybridPolicy}
 # the default: five rules over the groups' ratings (hybrid.py), on its C twin
 DEFAULT_EVICTION_POLICY = "hybrid"
 
@@ -50,7 +49,7 @@ def make_eviction_policy(name: str, blocks: Iterable[Block]) -> EvictionPolicy:
 
 __all__ = [
     "DEFAULT_EVICTION_POLICY", "EVICTION_POLICIES", "EvictionPolicy", "HybridPolicy",
-    "HybridRules", "TieredPolicy",
+    "HybridRules",
     "JUNCTION", "LOW_VALUE", "LRUPolicy", "NORMAL_VALUE", "PROTECTED", "Rating",
     "make_eviction_policy", "register_eviction_policy",
 ]
