@@ -192,7 +192,7 @@ hkv_unbound(void)
     return NULL;
 }
 
-/* ---- the hybrid eviction policy's tiers (_fp_hybrid.c) --------------------- */
+/* ---- the hybrid eviction policy's queues (_fp_rules.c) ---------------------- */
 
 extern PyTypeObject HKV_HybridRulesCoreType;
 
