@@ -241,3 +241,17 @@ def test_rules_out_of_range_are_refused_by_the_c_too(native, field, value):
     object.__setattr__(rules, field, value)  # past HybridRules' own check
     with pytest.raises(ValueError, match=field):
         native.HybridRulesCore([native.Block(0)], rules)
+
+
+def test_a_subclass_that_changes_a_method_runs_in_python(native):
+    class Mine(HybridPolicy):
+        def take(self, num_blocks):
+            return super().take(num_blocks)
+
+    class Tuned(HybridPolicy):
+        rules = HybridRules(hit_share=0.5)
+
+    blocks = [native.Block(i) for i in range(4)]
+    assert not isinstance(Mine(blocks[:2]), native.HybridRulesCore)  # its take must run
+    tuned = Tuned(blocks[2:])
+    assert isinstance(tuned, native.HybridRulesCore) and isinstance(tuned, Tuned)

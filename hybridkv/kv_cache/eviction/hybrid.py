@@ -35,8 +35,9 @@ is the pure-Python reference; while the C fast path is in use (the manager's
 default backend: built, and `HYBRIDKV_DISABLE_FASTPATH` not `1` when the policy
 is made) `HybridPolicy(...)` runs its C twin, the extension's `HybridRulesCore`
 (`_native/_fp_rules*.c`), which reads the policy's `rules` by field name and
-decides exactly like this code (tests/kv_cache/test_hybrid_twin.py and the
-replay digests compare the two). A rule changed here must be changed there too.
+decides exactly like this code (tests/kv_cache/test_hybrid_twin.py and the replay
+digests compare the two); a subclass that redefines a method runs this code. A rule
+changed here must be changed there too.
 """
 
 from __future__ import annotations
@@ -110,9 +111,9 @@ class HybridPolicy(EvictionPolicy):
     evicted: Mapping[bytes, object]
 
     def __new__(cls, blocks: Iterable[Block] = ()) -> HybridPolicy:
-        """This class, the reference; or, while the C fast path is in use, its C twin."""
-        if fastpath.resolve_backend(None) == "c" and \
-                not issubclass(cls, fastpath.native.HybridRulesCore):
+        """This class, the reference; or, while the C fast path is in use and `cls`
+        changes no method (only `rules`), its C twin."""
+        if runs_in_c(cls):
             twin = c_twin(cls)
             return twin.__new__(twin)  # HybridRulesCore's; it then runs its own __init__
         return super().__new__(cls)
@@ -250,6 +251,16 @@ class HybridPolicy(EvictionPolicy):
             block.queue_slot = q
             self._queues[q][block] = None
             self._spill()
+
+
+def runs_in_c(cls: type[HybridPolicy]) -> bool:
+    """Whether `cls` gets the C twin: the fast path is in use (`fastpath.resolve_backend`)
+    and no class between it and HybridPolicy redefines a method (the C's would win)."""
+    if fastpath.resolve_backend(None) != "c" or issubclass(cls, fastpath.native.HybridRulesCore):
+        return False
+    below = cls.__mro__[:cls.__mro__.index(HybridPolicy)]
+    return not any(callable(getattr(HybridPolicy, name, None))
+                   for klass in below for name in vars(klass) if name != "_c_twin")
 
 
 def c_twin(cls: type[HybridPolicy]) -> type[HybridPolicy]:
