@@ -7,6 +7,9 @@ window `W`, `[p // C * C, p]` under chunked attention `C`, `[0, p]` otherwise. S
 sequence's visible keys are gathered by cache slot, padded to the longest run, and all
 sequences are scored by a single `scaled_dot_product_attention` call with a boolean mask.
 
+Where the C kernel is built and the layer is float32 on CPU, the same slots are read in
+place instead of gathered (`decode_native.py`); the gather and SDPA remain the fallback.
+
 Padding slots point at the sequence's newest slot (written this step, so never stale or
 NaN) and are masked out. The slots and the mask depend only on the group's block table,
 the lengths and the mask rules, so they are built once per step and group and shared by

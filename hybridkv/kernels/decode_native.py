@@ -34,6 +34,13 @@ def _load() -> Any:
 _decode_attn = _load()
 
 
+def describe() -> str:
+    """Which path decode attention takes here (`hybridkv --version`)."""
+    if _decode_attn is None:
+        return "torch gather + SDPA (the C kernel is not built)"
+    return "C kernel (float32 CPU layers; others: torch gather + SDPA)"
+
+
 def can_decode_natively(query: torch.Tensor, k_cache: torch.Tensor,
                         v_cache: torch.Tensor) -> bool:
     """Whether `native_decode_attention` can compute this layer: the kernel is built,

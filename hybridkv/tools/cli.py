@@ -29,13 +29,16 @@ def _fail(prog: str, message: str) -> int:
 
 
 def version_text() -> str:
-    """`hybridkv --version`: the version, the hashing path and the KV cache fast path."""
+    """`hybridkv --version`: the version, the hashing path, the KV cache fast path and
+    the decode attention path."""
     from hybridkv import __version__
+    from hybridkv.kernels import decode_native
     from hybridkv.kv_cache.fastpath import fastpath_backend
     from hybridkv.kv_cache.hashing import hashing_backend
 
     return (f"hybridkv {__version__}\nblock hashing: {hashing_backend().describe()}\n"
-            f"KV cache fast path: {fastpath_backend().describe()}")
+            f"KV cache fast path: {fastpath_backend().describe()}\n"
+            f"decode attention: {decode_native.describe()}")
 
 
 class _VersionAction(argparse.Action):

@@ -96,3 +96,9 @@ def test_the_decode_path_runs_the_kernel_and_agrees_with_torch(monkeypatch):
     torch.testing.assert_close(fast, decode_attention(query, k, v, layout, 0.5),
                                atol=1e-5, rtol=1e-5)
     assert len(calls) == 1  # the second run took the gather and SDPA
+
+
+def test_the_version_names_the_decode_path():
+    from hybridkv.tools.cli import version_text
+
+    assert "decode attention: C kernel" in version_text()
