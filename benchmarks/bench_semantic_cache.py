@@ -7,16 +7,15 @@ and without the lexical vetoes, and the learned thresholds at error bounds
 0.01 and 0.05. `--gptcache PYTHON` also runs GPTCache (in its own venv, see
 semantic_gptcache_runner.py) on the same stream with the same embeddings.
 
-Latency: an in-memory cache filled with N synthetic unit vectors (one scope);
-`lookup` (embedding a real question + exact map + ANN search + vetoes) and
-the ANN search alone are timed, 3 rounds of 2000 lookups after a warm-up;
-p50 / p99 per round and the median of the rounds. `lookup_cpu` is the same
-lookup in thread CPU time: on a shared, loaded machine the wall-clock p99 is
-mostly time the thread waited for a core. `--ann-compare` also times
-faiss-cpu's HNSW (same M and efSearch) and brute force, with recall@1.
+Latency (benchmarks/semantic_latency.py): the product's lookup at N synthetic
+entries, 3 rounds of 2000 lookups, wall and thread-CPU p50 / p99;
+`--index-dir DIR` keeps each size's HNSW graph on disk so 1M is built once.
+`--ann-compare` also times faiss-cpu's HNSW (same M and efSearch), with
+recall@1 against brute force.
 
     python benchmarks/bench_semantic_cache.py [--gptcache /tmp/gptcache-venv/bin/python]
-        [--sizes 10000,100000,1000000] [--ann-compare] [--out DIR] [--quick]
+        [--sizes 10000,100000,1000000] [--index-dir DIR] [--ann-compare] [--out DIR]
+        [--quick]
 """
 
 from __future__ import annotations
@@ -24,20 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import semantic_eval as se
+import semantic_latency
 from common import add_common_args, machine, prepare_out, write_result
 
 from hybridkv.semantic.cache import SemanticCache
 from hybridkv.semantic.embedding import load_embedder
-from hybridkv.semantic.entry import Entry
-from hybridkv.semantic.index import CONNECTIVITY, EXPANSION_SEARCH, VectorIndex
 from hybridkv.semantic.labeled_pairs import questions
 from hybridkv.semantic.memory_store import MemoryStore
 from hybridkv.semantic.thresholds import ThresholdPolicy
@@ -125,102 +121,6 @@ def _sum_gpt(rows: list[dict]) -> dict:
             "recall": round(right / max(1, total["reachable"]), 4)}
 
 
-# ---- latency ------------------------------------------------------------------
-
-def filled_cache(embedder, size: int, rng: np.random.Generator) -> tuple[SemanticCache, np.ndarray]:
-    """A memory cache holding `size` synthetic entries in one scope (bulk-built)."""
-    vectors = rng.standard_normal((size, embedder.dim), dtype=np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    store = MemoryStore(embedder.dim, max_entries=size + 10, ttl_seconds=1e9)
-    index = VectorIndex(embedder.dim)
-    keys = np.arange(1, size + 1, dtype=np.uint64)
-    index.add_many(keys, vectors)
-    store.index.scope_to_index["s"] = index
-    now = time.time()
-    for k in range(1, size + 1):
-        store.id_to_entry[k] = Entry(k, "s", f"q{k}", f"question {k}", vectors[k - 1], "a",
-                                     created=now)
-        store.index.id_to_place[k] = ("s", f"q{k}")
-        store.index.exact_to_id[("s", f"q{k}")] = k
-    return SemanticCache(store, embedder, ThresholdPolicy(DEFAULT_THRESHOLD)), vectors
-
-
-def _percentiles(samples: list[float]) -> dict:
-    ordered = sorted(samples)
-    return {"p50_ms": 1e3 * ordered[len(ordered) // 2],
-            "p99_ms": 1e3 * ordered[int(0.99 * (len(ordered) - 1))]}
-
-
-def latency(embedder, sizes: list[int], lookups: int, rounds: int, compare: bool) -> list:
-    rng = np.random.default_rng(0)
-    texts = [q.text for g in questions(1, 20) for q in g]
-    out = []
-    for size in sizes:
-        start = time.perf_counter()
-        cache, vectors = filled_cache(embedder, size, rng)
-        built = time.perf_counter() - start
-        index = cache.store.index.scope_to_index["s"]
-        queries = embedder.embed(texts)
-        row = {"entries": size, "build_s": round(built, 1), "rounds": []}
-        for _ in range(rounds):
-            full, ann, cpu = [], [], []
-            for i in range(lookups + 100):
-                c0, t0 = time.thread_time(), time.perf_counter()
-                cache.lookup("s", texts[i % len(texts)])
-                t1, c1 = time.perf_counter(), time.thread_time()
-                index.search(queries[i % len(queries)], 4)
-                t2 = time.perf_counter()
-                if i >= 100:  # warm-up
-                    full.append(t1 - t0)
-                    cpu.append(c1 - c0)
-                    ann.append(t2 - t1)
-            row["rounds"].append({"lookup": _percentiles(full), "ann_search": _percentiles(ann),
-                                  "lookup_cpu": _percentiles(cpu)})
-        for part in ("lookup", "ann_search", "lookup_cpu"):
-            row[f"{part}_p99_ms_median"] = statistics.median(
-                x[part]["p99_ms"] for x in row["rounds"])
-            row[f"{part}_p50_ms_median"] = statistics.median(
-                x[part]["p50_ms"] for x in row["rounds"])
-        if compare:
-            row["ann_compare"] = ann_compare(index, vectors, rng, lookups)
-        out.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
-        del cache, vectors, index
-    return out
-
-
-def ann_compare(index: VectorIndex, vectors: np.ndarray, rng, lookups: int) -> dict:
-    """usearch against faiss HNSW (same M / efSearch) and brute force: p99, recall@1."""
-    near = vectors[rng.integers(0, len(vectors), lookups)]
-    queries = near + 0.3 * rng.standard_normal(near.shape, dtype=np.float32) / 16
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    truth = [int(np.argmax(vectors @ q)) + 1 for q in queries[:200]]
-    result = {"usearch": _time_ann(lambda q: index.search(q, 1)[0][0], queries, truth)}
-    try:
-        import faiss
-    except ImportError:
-        result["faiss"] = "faiss-cpu not installed"
-        return result
-    start = time.perf_counter()
-    hnsw = faiss.IndexHNSWFlat(vectors.shape[1], CONNECTIVITY, faiss.METRIC_INNER_PRODUCT)
-    hnsw.add(vectors)
-    hnsw.hnsw.efSearch = EXPANSION_SEARCH
-    built = time.perf_counter() - start
-    result["faiss_hnsw"] = {**_time_ann(lambda q: int(hnsw.search(q[None], 1)[1][0, 0]) + 1,
-                                        queries, truth), "build_s": round(built, 1)}
-    return result
-
-
-def _time_ann(search, queries, truth) -> dict:
-    times = []
-    for q in queries:
-        t0 = time.perf_counter()
-        search(q)
-        times.append(time.perf_counter() - t0)
-    hits = sum(search(q) == t for q, t in zip(queries[:200], truth))
-    return {**_percentiles(times), "recall_at_1": hits / len(truth)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(ap)
@@ -231,6 +131,8 @@ def main() -> None:
     ap.add_argument("--gptcache", default=None, metavar="PYTHON",
                     help="interpreter of a venv with gptcache, faiss-cpu, sqlalchemy")
     ap.add_argument("--ann-compare", action="store_true")
+    ap.add_argument("--index-dir", default=None, metavar="DIR",
+                    help="keep each size's HNSW graph here and reuse it (build once)")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-quality", action="store_true")
     args = ap.parse_args()
@@ -248,7 +150,8 @@ def main() -> None:
         result["gptcache"] = gptcache(args.gptcache, embedder, args.families, seeds)
     if not args.skip_latency:
         sizes = [int(s) for s in args.sizes.split(",")]
-        result["latency"] = latency(embedder, sizes, args.lookups, 3, args.ann_compare)
+        result["latency"] = semantic_latency.latency(embedder, sizes, args.lookups, 3,
+                                                     args.ann_compare, args.index_dir)
     name = "bench_semantic_cache" + ("_latency" if args.skip_quality else "")
     print(write_result(name, result, out_dir))
 
