@@ -32,9 +32,9 @@ import semantic_eval as se
 import semantic_latency
 from common import add_common_args, machine, prepare_out, write_result
 
+from hybridkv.semantic import heldout_pairs, labeled_pairs
 from hybridkv.semantic.cache import SemanticCache
 from hybridkv.semantic.embedding import load_embedder
-from hybridkv.semantic.labeled_pairs import questions
 from hybridkv.semantic.memory_store import MemoryStore
 from hybridkv.semantic.thresholds import ThresholdPolicy
 
@@ -43,10 +43,17 @@ THRESHOLDS = (0.8, 0.85, 0.875, 0.9, 0.925, 0.95, 0.97, 0.99)
 DEFAULT_THRESHOLD = 0.9
 
 
-def quality(embedder, families: int, seeds: list[int]) -> dict:
-    """Fixed thresholds (vetoes on/off) and learned ones, summed over `seeds`."""
+QUESTION_SETS = {"generated": labeled_pairs.questions, "heldout": heldout_pairs.questions}
+
+
+def make_streams(name: str, families: int, seeds: list[int]) -> list[list]:
+    """One shuffled stream of the question set `name` per seed."""
+    return [se.stream(QUESTION_SETS[name](s, families), s) for s in seeds]
+
+
+def quality(embedder, streams: list[list]) -> dict:
+    """Fixed thresholds (vetoes on/off) and learned ones, summed over the streams."""
     rows: dict[str, list] = {"fixed_with_vetoes": [], "fixed_without_vetoes": [], "learned": []}
-    streams = [se.stream(questions(s, families), s) for s in seeds]
     tables = [_table(embedder, qs) for qs in streams]
     for guards, name in ((True, "fixed_with_vetoes"), (False, "fixed_without_vetoes")):
         for t in THRESHOLDS:
@@ -56,9 +63,9 @@ def quality(embedder, families: int, seeds: list[int]) -> dict:
         outs = [se.run(qs, tb, threshold=DEFAULT_THRESHOLD, error_bound=bound, seed=i)
                 for i, (qs, tb) in enumerate(zip(streams, tables))]
         rows["learned"].append({"error_bound": bound, **_sum(outs).row()})
-    kinds = _by_kind(streams, tables)
-    return {"questions": sum(len(q) for q in streams), "seeds": seeds, **rows,
-            "default_by_kind": kinds}
+    kinds, examples = _by_kind(streams, tables)
+    return {"questions": sum(len(q) for q in streams), **rows, "default_by_kind": kinds,
+            "default_false_hits": examples}
 
 
 def _table(embedder, qs) -> se.TableEmbedder:
@@ -74,9 +81,11 @@ def _sum(outs: list[se.Outcome]) -> se.Outcome:
     return total
 
 
-def _by_kind(streams, tables) -> dict:
-    """At the default settings: how often each kind of question was served."""
+def _by_kind(streams, tables) -> tuple[dict, list]:
+    """At the default settings: how often each kind of question was served, and
+    the false hits as (question, the entry's question) pairs."""
     counts: dict[str, list[int]] = {}
+    examples = []
     for qs, table in zip(streams, tables):
         cache = SemanticCache(MemoryStore(table.dim, max_entries=10**7, ttl_seconds=1e9), table,
                               ThresholdPolicy(DEFAULT_THRESHOLD))
@@ -87,16 +96,19 @@ def _by_kind(streams, tables) -> dict:
             if found.action == "serve":
                 row[1] += 1
                 row[2] += found.entry.answer != q.label
+                if found.entry.answer != q.label:
+                    examples.append([q.kind, q.text, found.entry.text])
             else:
                 cache.insert(found, q.label, "stop", 1)
-    return {k: {"questions": v[0], "served": v[1], "false_hits": v[2]} for k, v in counts.items()}
+    kinds = {k: {"questions": v[0], "served": v[1], "false_hits": v[2]}
+             for k, v in counts.items()}
+    return kinds, examples
 
 
-def gptcache(python: str, embedder, families: int, seeds: list[int]) -> list:
-    """GPTCache's rows (summed over seeds) from its own interpreter."""
+def gptcache(python: str, embedder, streams: list[list]) -> list:
+    """GPTCache's rows (summed over the streams) from its own interpreter."""
     per_seed = []
-    for s in seeds:
-        qs = se.stream(questions(s, families), s)
+    for qs in streams:
         texts = sorted({q.text for q in qs})
         with tempfile.TemporaryDirectory() as src:
             with open(os.path.join(src, "stream.json"), "w") as f:
@@ -113,9 +125,9 @@ def gptcache(python: str, embedder, families: int, seeds: list[int]) -> list:
 
 
 def _sum_gpt(rows: list[dict]) -> dict:
-    total = {k: sum(r[k] for r in rows) for k in ("served", "false_hits", "reachable",
-                                                   "questions")}
-    right = sum(round(r["recall"] * r["reachable"]) for r in rows)
+    total = {k: sum(r[k] for r in rows) for k in ("served", "false_hits", "right",
+                                                   "reachable", "questions")}
+    right = total["right"]
     return {"threshold": rows[0]["threshold"], "cosine_equivalent": rows[0]["cosine_equivalent"],
             **total, "false_hit_rate": round(total["false_hits"] / max(1, total["served"]), 4),
             "recall": round(right / max(1, total["reachable"]), 4)}
@@ -126,6 +138,9 @@ def main() -> None:
     add_common_args(ap)
     ap.add_argument("--families", type=int, default=60, help="instances of each family")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--set", default="generated", choices=sorted(QUESTION_SETS),
+                    help="generated: the set the vetoes were developed on; heldout: "
+                         "families and templates they were not")
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--lookups", type=int, default=2000)
     ap.add_argument("--gptcache", default=None, metavar="PYTHON",
@@ -142,17 +157,19 @@ def main() -> None:
     embedder = load_embedder(None)
     seeds = [int(s) for s in args.seeds.split(",")]
     result: dict = {"machine": machine(), "embedder": embedder.name,
-                    "load_average": os.getloadavg()}
+                    "load_average": os.getloadavg(), "set": args.set, "seeds": seeds,
+                    "families": args.families}
     if not args.skip_quality:
-        result["quality"] = quality(embedder, args.families, seeds)
+        streams = make_streams(args.set, args.families, seeds)
+        result["quality"] = quality(embedder, streams)
         print(json.dumps(result["quality"]["fixed_with_vetoes"], indent=0), flush=True)
-    if args.gptcache and not args.skip_quality:
-        result["gptcache"] = gptcache(args.gptcache, embedder, args.families, seeds)
+        if args.gptcache:
+            result["gptcache"] = gptcache(args.gptcache, embedder, streams)
     if not args.skip_latency:
         sizes = [int(s) for s in args.sizes.split(",")]
         result["latency"] = semantic_latency.latency(embedder, sizes, args.lookups, 3,
                                                      args.ann_compare, args.index_dir)
-    name = "bench_semantic_cache" + ("_latency" if args.skip_quality else "")
+    name = "bench_semantic_cache_" + ("latency" if args.skip_quality else args.set)
     print(write_result(name, result, out_dir))
 
 
