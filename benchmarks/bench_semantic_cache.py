@@ -39,7 +39,7 @@ from hybridkv.semantic.memory_store import MemoryStore
 from hybridkv.semantic.thresholds import ThresholdPolicy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-THRESHOLDS = (0.8, 0.85, 0.875, 0.9, 0.925, 0.95, 0.97, 0.99)
+THRESHOLDS = (0.8, 0.85, 0.875, 0.9, 0.925, 0.95, 0.97, 0.98, 0.99, 0.995)
 DEFAULT_THRESHOLD = 0.9
 
 
