@@ -46,9 +46,9 @@ FASTPATH = Extension(
     sources=[os.path.join(_NATIVE, name) for name in (
         "_fp_module.c", "_fp_types.c", "_fp_request.c", "_fp_manager.c", "_fp_bind.c",
         "_fp_pool.c", "_fp_group.c", "_fp_release.c", "_fp_alloc.c", "_fp_lookup.c",
-        "_fp_hybrid.c", "_fp_hybrid_take.c", "_fp_watch.c", "_fp_lrupos.c")],
+        "_fp_rules.c", "_fp_rules_take.c", "_fp_watch.c")],
     depends=[os.path.join(_NATIVE, name) for name in (
-        "_fastpath.h", "_fp_hybrid.h", "_fp_watch.h", "_fp_lrupos.h", "_chainhash_api.h",
+        "_fastpath.h", "_fp_rules.h", "_fp_watch.h", "_chainhash_api.h",
         "_py_constants.h")],
     include_dirs=[_NATIVE],
     optional=True,
@@ -91,8 +91,8 @@ _CONSTANTS_HEADER = os.path.join(_NATIVE, "_py_constants.h")
 _CONSTANTS = (
     ("HKV_RATING_", os.path.join("hybridkv", "kv_cache", "eviction", "base.py"), "Rating",
      ("LOW_VALUE", "NORMAL_VALUE", "JUNCTION", "PROTECTED")),
-    ("HKV_TIER_", os.path.join("hybridkv", "kv_cache", "eviction", "tiers.py"), None,
-     ("EMPTY", "LOW", "FRESH", "HIT_ONCE", "HIT_OFTEN", "KEPT")),
+    ("HKV_QUEUE_", os.path.join("hybridkv", "kv_cache", "eviction", "hybrid.py"), None,
+     ("EMPTY", "LOW", "FRESH", "HIT", "KEPT")),
 )
 
 

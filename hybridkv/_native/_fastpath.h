@@ -31,20 +31,14 @@ typedef struct BlockObject {
     PyObject *value_hint;  /* a Rating */
     PyObject *queue_slot;
     PyObject *weakreflist;
-    /* the C eviction policy's links (_fp_hybrid.c; not seen from Python): the
-     * policy queueing the block (NULL: none), its tier there, its neighbours in
-     * that tier and the policy's clock when it was released; its release mark in
-     * one LRU queue, number and base (the LRU votes, _fp_lrupos.h) */
+    /* the C eviction policy's links (_fp_rules.h; not seen from Python): the
+     * policy queueing the block (NULL: none), its queue there, its neighbours in
+     * that queue, and its LRU mark (the blocks taken by which one LRU queue would
+     * still hold it: hybrid.py's `_marks`) */
     void *q_owner;
     struct BlockObject *q_prev, *q_next;
-    Py_ssize_t q_released;
-    Py_ssize_t q_mark_number, q_mark_base;
-    int q_tier;
-    /* its place in that policy's LRU order of cached free blocks (o_owner: the
-     * policy, NULL: none; o_parked: out of the order, passed over while kept) */
-    void *o_owner;
-    struct BlockObject *o_prev, *o_next;
-    int o_parked;
+    Py_ssize_t q_mark;
+    int q_queue;
 } BlockObject;
 
 extern PyTypeObject HKV_BlockType;
@@ -198,9 +192,9 @@ hkv_unbound(void)
     return NULL;
 }
 
-/* ---- the hybrid eviction policy's tiers (_fp_hybrid.c) --------------------- */
+/* ---- the hybrid eviction policy's queues (_fp_rules.c) ---------------------- */
 
-extern PyTypeObject HKV_HybridCoreType;
+extern PyTypeObject HKV_HybridRulesCoreType;
 
 /* ---- the paths (each file's entry points) ---------------------------------- */
 

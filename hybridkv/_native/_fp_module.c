@@ -215,7 +215,7 @@ PyInit__fastpath(void)
         add_type(module, &HKV_BlocksCoreType, "BlocksCore") < 0 ||
         add_type(module, &HKV_RequestCoreType, "RequestCore") < 0 ||
         add_type(module, &HKV_ManagerCoreType, "ManagerCore") < 0 ||
-        add_type(module, &HKV_HybridCoreType, "HybridCore") < 0) {
+        add_type(module, &HKV_HybridRulesCoreType, "HybridRulesCore") < 0) {
         Py_DECREF(module);
         return NULL;
     }

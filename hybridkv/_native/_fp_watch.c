@@ -1,4 +1,4 @@
-/* The watched evictions of the C eviction policy (see _fp_watch.h). */
+/* The remembered evictions of the C eviction policy (see _fp_watch.h). */
 #include "_fp_watch.h"
 
 enum { FIRST_CAP = 64 };
@@ -169,11 +169,10 @@ find(Watch *w, PyObject *key)
     return entry_at(w, pos);
 }
 
-/* Adds `key` as the newest entry, with one dict lookup when it is new. Watched
- * already: it keeps its place, or (`move`) becomes the newest. 1 when added or
- * moved, 0 when it kept its place, -1 on error. */
+/* Adds `key` as the newest entry, with one dict lookup when it is new (watched
+ * already: it becomes the newest); -1 on error. */
 static int
-place(Watch *w, PyObject *key, int move)
+place(Watch *w, PyObject *key)
 {
     if (w->tail - w->head == w->cap && make_room(w) < 0)
         return -1;
@@ -186,10 +185,10 @@ place(Watch *w, PyObject *key, int move)
         return -1;
     }
     if (old != pos) {  /* watched already */
-        WatchEntry *e = move ? entry_at(w, old) : NULL;
-        if (!move || e == NULL) {
+        WatchEntry *e = entry_at(w, old);
+        if (e == NULL) {
             Py_DECREF(pos);
-            return move ? -1 : 0;
+            return -1;
         }
         /* deleted and inserted again: the key moves to the end of the dict's order */
         if (PyDict_DelItem(w->dict, key) < 0 || PyDict_SetItem(w->dict, key, pos) < 0) {
@@ -203,13 +202,7 @@ place(Watch *w, PyObject *key, int move)
     WatchEntry *e = entry(w, w->tail++);
     e->key = Py_NewRef(key);
     e->pos = pos;
-    return 1;
-}
-
-int
-hkv_watch_add(Watch *w, PyObject *key)
-{
-    return place(w, key, 0) < 0 ? -1 : 0;
+    return 0;
 }
 
 static int
@@ -221,13 +214,6 @@ drop(Watch *w, WatchEntry *e)
     Py_CLEAR(e->pos);
     advance(w);
     return 0;
-}
-
-int
-hkv_watch_remove(Watch *w, PyObject *key)
-{
-    WatchEntry *e = find(w, key);
-    return e == NULL ? -1 : drop(w, e);
 }
 
 int
@@ -243,7 +229,7 @@ hkv_watch_pop(Watch *w, PyObject *key, WatchInfo *info)
 int
 hkv_watch_put(Watch *w, PyObject *key, WatchInfo info)
 {
-    if (place(w, key, 1) < 0)
+    if (place(w, key) < 0)
         return -1;
     entry(w, w->tail - 1)->info = info;
     return 0;

@@ -1,12 +1,12 @@
-/* The hashes of evicted data an eviction policy watches for (_fp_watch.c):
- * an insertion-ordered set with O(1) add, remove and drop-the-oldest.
+/* The hashes of evicted data an eviction policy remembers (_fp_watch.c): an
+ * insertion-ordered map with O(1) put, pop and drop-the-oldest.
  *
  * Python sees a read-only mapping (`view`) of a dict from each hash to its
  * position in the order; a ring of (hash, position) entries in insertion
  * order finds the oldest. Removing a hash empties its ring entry; the ring
- * grows, or is compacted, when full. Adding a hash already watched keeps
- * its place, as assigning an existing OrderedDict key does. Each entry can carry
- * a small record (`WatchInfo`) kept with it in the ring. */
+ * grows, or is compacted, when full. Putting a hash already watched makes it the
+ * newest, as assigning an OrderedDict key and moving it to the end does. Each
+ * entry carries a small record (`WatchInfo`) kept with it in the ring. */
 #ifndef HKV_FP_WATCH_H
 #define HKV_FP_WATCH_H
 
@@ -14,8 +14,7 @@
 #include <Python.h>
 
 typedef struct {
-    Py_ssize_t number, base;  /* the LRU votes' release marks (_fp_lrupos.h) */
-    int from_hit;
+    Py_ssize_t mark;  /* the evicted block's LRU mark (hybrid.py's `_ghosts` value) */
 } WatchInfo;
 
 typedef struct {
@@ -34,9 +33,7 @@ typedef struct {
 
 int hkv_watch_init(Watch *w);  /* empty; -1 on error (the old contents are released) */
 void hkv_watch_clear(Watch *w);
-int hkv_watch_add(Watch *w, PyObject *key);
 int hkv_watch_trim(Watch *w, Py_ssize_t limit);  /* forget the oldest while more are watched */
-int hkv_watch_remove(Watch *w, PyObject *key);   /* KeyError when not watched */
 /* add `key` as the newest with `info` (moved there if watched already) */
 int hkv_watch_put(Watch *w, PyObject *key, WatchInfo info);
 /* remove `key`, its record in *info; KeyError when not watched */

@@ -73,10 +73,9 @@ class KVCacheManager:
         kv_cache_config: the groups and the pool size.
         enable_caching: reuse blocks across requests (prefix caching).
         hash_algo: "sha256" (default) or "xxhash".
-        eviction_policy: a registered policy name: "tiered" (default,
-            retention-aware, see hybridkv.kv_cache.eviction.tiers), "hybrid"
-            (five rules, Python only, see hybridkv.kv_cache.eviction.hybrid) or
-            "lru" (vLLM's LRU order, see hybridkv.kv_cache.eviction.lru).
+        eviction_policy: a registered policy name: "hybrid" (default,
+            retention-aware: five rules, see hybridkv.kv_cache.eviction.hybrid)
+            or "lru" (vLLM's LRU order, see hybridkv.kv_cache.eviction.lru).
         warn_repeated_misses: issue one RuntimeWarning (per manager) the first
             time a prompt start has been looked up `REPEATED_MISS_WARNING` times
             and found nothing reusable each time: the pool may be too small for

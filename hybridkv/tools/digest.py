@@ -15,7 +15,7 @@ hashes all of it per scenario:
   salts, LoRA names, chunked prefills, preemptions, explicit evictions and
   prefix-cache resets.
 
-each under the `lru`, `hybrid` and `tiered` policies. Recorded per call: the hit (block
+each under the `lru` and `hybrid` policies. Recorded per call: the hit (block
 ids per group, tokens), the blocks an allocation returned (or None, or the
 error), the request's block ids and retained block ids after it; at the end
 the prefix-cache stats, the free queue in eviction order and the hash map;
@@ -43,7 +43,7 @@ from hybridkv.tools.digest_traffic import RandomTraffic, Recorder, TraceDriver
 from hybridkv.tools.pressure import SETTINGS, pool_blocks, reuse_stats
 from hybridkv.tools.spec_mixes import CONFIGS
 
-POLICIES = ("lru", "hybrid", "tiered")
+POLICIES = ("lru", "hybrid")
 
 
 def _replay_digest(trace, config: KVCacheConfig, policy: str, max_running: int,

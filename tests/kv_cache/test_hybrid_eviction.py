@@ -5,9 +5,11 @@ again with that rule switched off (`HybridRules`), to show the rule is what
 decides it.
 """
 
-import pytest
-from test_tiered_eviction import run_round_robin
+import warnings
 
+import pytest
+
+from hybridkv import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager, Request
 from hybridkv.kv_cache.block_pool import BlockPool
 from hybridkv.kv_cache.eviction import (
     LOW_VALUE,
@@ -16,6 +18,7 @@ from hybridkv.kv_cache.eviction import (
     HybridRules,
     register_eviction_policy,
 )
+from hybridkv.kv_cache.eviction.hybrid import HIT
 
 WITHOUT = {
     "low_value_first": HybridRules(low_value_first=False),
@@ -124,12 +127,33 @@ def test_rule_3_hit_data_keeps_at_most_its_share_of_the_pool():
     assert order == [late, oldest_hit]  # uncapped: every hit block after never-hit data
 
 
+def run_round_robin(policy):
+    """Three sessions of 13 tokens (3 full blocks + 1), round robin, 7 usable blocks:
+    the hits of each request after the first round."""
+    warnings.simplefilter("ignore", RuntimeWarning)  # the repeated-miss warning is expected
+    mgr = KVCacheManager(KVCacheConfig(8, [KVCacheGroupSpec(["f"], FullAttentionSpec(4))]),
+                         eviction_policy=policy)
+    sessions = [[100 * s + t for t in range(12)] for s in range(3)]
+    hits = []
+    for round_id in range(4):
+        for s, tokens in enumerate(sessions):
+            req = Request(f"s{s}-{round_id}", tokens + [999])
+            blocks, n = mgr.get_computed_blocks(req)
+            assert mgr.allocate_slots(req, req.num_tokens - n, n, blocks if n else None)
+            req.num_computed_tokens = req.num_tokens
+            mgr.free(req)
+            hits.append(n)
+    mgr.check_integrity()
+    return hits[3:]
+
+
 def test_rule_4_cycle_guard_keeps_one_session_of_a_round_robin_whole():
     # three sessions of 4 blocks, 7 usable blocks, round robin: LRU drops each session
     # just before its turn; with the newest release taken first, session 0 (cached
     # first) stays whole and hits in every round (12 tokens)
     assert run_round_robin("hybrid") == [12, 0, 0] * 3
     assert run_round_robin(policy_name("cycle_guard")) == [0] * 9
+    assert run_round_robin("lru") == [0] * 9  # LRU evicts each session before its turn
 
 
 def test_rule_4_guard_turns_off_when_it_evicts_what_lru_would_have_kept():
@@ -169,6 +193,17 @@ def test_rule_5_protected_blocks_go_last():
     assert order == [hit, kept]
     order, _ = protected_last("protected_last")
     assert order == [kept, hit]  # an ordinary never-hit block goes before hit data
+
+
+def test_recomputing_cached_data_counts_as_a_hit():
+    pool = BlockPool(4, eviction_policy="hybrid")
+    a, b = held_cached(pool, 2, b"r")
+    pool.free_blocks([a, b])
+    (c,) = pool.get_new_blocks(1)  # the empty block 3
+    assert not pool.cache_block(c, a.block_hash, 0)  # a duplicate: a is reused data
+    assert a.num_hits == 1 and a.queue_slot == HIT  # moved to the hit queue (rule 3)
+    assert take_ids(pool, 2) == [b.block_id, a.block_id]
+    pool.check_integrity()
 
 
 @pytest.mark.parametrize("field,value", [("hit_share", 1.5), ("vote_weight", 0.0),

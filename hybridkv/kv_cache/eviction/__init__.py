@@ -1,8 +1,8 @@
 """Eviction policies: which free block is taken when new data needs one.
 
 `base` defines the policy interface and the ratings groups give released
-blocks; `lru`, `tiered` (the default) and `hybrid` (five rules, in Python
-only for now) are the built-in policies. Policies are picked by
+blocks; `hybrid` (the default: five rules, with a C twin) and `lru` are the
+built-in policies. Policies are picked by
 name from `EVICTION_POLICIES`, a registry users extend with
 `register_eviction_policy`.
 """
@@ -22,17 +22,14 @@ from hybridkv.kv_cache.eviction.base import (
 )
 from hybridkv.kv_cache.eviction.hybrid import HybridPolicy, HybridRules
 from hybridkv.kv_cache.eviction.lru import LRUPolicy
-from hybridkv.kv_cache.eviction.tiers import TieredPolicy
 
 if TYPE_CHECKING:
     from hybridkv.kv_cache.block_pool import Block
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
-    "lru": LRUPolicy, "hybrid": HybridPolicy, "tiered": TieredPolicy}
-# the default: six tiers over the groups' ratings (tiers.py), on its C core; `hybrid`
-# (five rules) keeps a little more reuse on the grid but has no C twin yet, and
-# without one the manager falls under 5x vLLM's (docs/eviction.md)
-DEFAULT_EVICTION_POLICY = "tiered"
+    "lru": LRUPolicy, "hybrid": HybridPolicy}
+# the default: five rules over the groups' ratings (hybrid.py), on its C twin
+DEFAULT_EVICTION_POLICY = "hybrid"
 
 
 def register_eviction_policy(name: str, policy_class: type[EvictionPolicy]) -> None:
@@ -52,7 +49,7 @@ def make_eviction_policy(name: str, blocks: Iterable[Block]) -> EvictionPolicy:
 
 __all__ = [
     "DEFAULT_EVICTION_POLICY", "EVICTION_POLICIES", "EvictionPolicy", "HybridPolicy",
-    "HybridRules", "TieredPolicy",
+    "HybridRules",
     "JUNCTION", "LOW_VALUE", "LRUPolicy", "NORMAL_VALUE", "PROTECTED", "Rating",
     "make_eviction_policy", "register_eviction_policy",
 ]

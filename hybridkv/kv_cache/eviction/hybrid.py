@@ -1,5 +1,4 @@
-"""`hybrid`: five rules over five queues (Python only; `tiered` stays the default
-until this policy has a C twin).
+"""`hybrid`: the default policy, five rules over five queues.
 
 Free blocks sit in five queues, taken from in this order (docs/eviction.md
 states each rule with the measurement that keeps it):
@@ -31,9 +30,14 @@ for the guard (the policy kept what LRU would have lost). Each vote is a
 decaying share (`vote_weight`); the guard is on unless LRU's share is the
 larger, so it starts on and stays on while it does no harm.
 
-The constants live in one named structure, `HybridRules`. This policy runs in
-Python; the C extension's `HybridCore` implements the former tiered policy
-(`tiered`, in `tiers.py`), which stays registered under that name.
+The constants live in one named structure, `HybridRules`. `HybridPolicy` here
+is the pure-Python reference; while the C fast path is in use (the manager's
+default backend: built, and `HYBRIDKV_DISABLE_FASTPATH` not `1` when the policy
+is made) `HybridPolicy(...)` runs its C twin, the extension's `HybridRulesCore`
+(`_native/_fp_rules*.c`), which reads the policy's `rules` by field name and
+decides exactly like this code (tests/kv_cache/test_hybrid_twin.py and the replay
+digests compare the two); a subclass that redefines a method runs this code. A rule
+changed here must be changed there too.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from hybridkv.kv_cache import fastpath
 from hybridkv.kv_cache.eviction.base import LOW_VALUE, PROTECTED, EvictionPolicy
 
 if TYPE_CHECKING:
@@ -104,6 +109,14 @@ class HybridPolicy(EvictionPolicy):
     uses_hints = True
     rules: HybridRules = RULES
     evicted: Mapping[bytes, object]
+
+    def __new__(cls, blocks: Iterable[Block] = ()) -> HybridPolicy:
+        """This class, the reference; or, while the C fast path is in use and `cls`
+        changes no method (only `rules`), its C twin."""
+        if runs_in_c(cls):
+            twin = c_twin(cls)
+            return twin.__new__(twin)  # HybridRulesCore's; it then runs its own __init__
+        return super().__new__(cls)
 
     def __init__(self, blocks: Iterable[Block] = ()) -> None:
         self._queues: list[OrderedDict[Block, None]] = [OrderedDict() for _ in range(5)]
@@ -238,3 +251,25 @@ class HybridPolicy(EvictionPolicy):
             block.queue_slot = q
             self._queues[q][block] = None
             self._spill()
+
+
+def runs_in_c(cls: type[HybridPolicy]) -> bool:
+    """Whether `cls` gets the C twin: the fast path is in use (`fastpath.resolve_backend`)
+    and no class between it and HybridPolicy redefines a method (the C's would win)."""
+    if fastpath.resolve_backend(None) != "c" or issubclass(cls, fastpath.native.HybridRulesCore):
+        return False
+    below = cls.__mro__[:cls.__mro__.index(HybridPolicy)]
+    return not any(callable(getattr(HybridPolicy, name, None))
+                   for klass in below for name in vars(klass) if name != "_c_twin")
+
+
+def c_twin(cls: type[HybridPolicy]) -> type[HybridPolicy]:
+    """`cls` on the C rules: a subclass of `HybridRulesCore` and `cls`, whose methods
+    the C type's override (its `rules` are `cls.rules`); made once per class."""
+    twin: type[HybridPolicy] | None = cls.__dict__.get("_c_twin")
+    if twin is None:
+        meta: Any = type(cls)  # ABCMeta
+        twin = meta(cls.__name__, (fastpath.native.HybridRulesCore, cls),
+                    {"__module__": cls.__module__, "__doc__": cls.__doc__})
+        cls._c_twin = twin  # type: ignore[attr-defined]
+    return twin
