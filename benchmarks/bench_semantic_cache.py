@@ -7,16 +7,15 @@ and without the lexical vetoes, and the learned thresholds at error bounds
 0.01 and 0.05. `--gptcache PYTHON` also runs GPTCache (in its own venv, see
 semantic_gptcache_runner.py) on the same stream with the same embeddings.
 
-Latency: an in-memory cache filled with N synthetic unit vectors (one scope);
-`lookup` (embedding a real question + exact map + ANN search + vetoes) and
-the ANN search alone are timed, 3 rounds of 2000 lookups after a warm-up;
-p50 / p99 per round and the median of the rounds. `lookup_cpu` is the same
-lookup in thread CPU time: on a shared, loaded machine the wall-clock p99 is
-mostly time the thread waited for a core. `--ann-compare` also times
-faiss-cpu's HNSW (same M and efSearch) and brute force, with recall@1.
+Latency (benchmarks/semantic_latency.py): the product's lookup at N synthetic
+entries, 3 rounds of 2000 lookups, wall and thread-CPU p50 / p99;
+`--index-dir DIR` keeps each size's HNSW graph on disk so 1M is built once.
+`--ann-compare` also times faiss-cpu's HNSW (same M and efSearch), with
+recall@1 against brute force.
 
     python benchmarks/bench_semantic_cache.py [--gptcache /tmp/gptcache-venv/bin/python]
-        [--sizes 10000,100000,1000000] [--ann-compare] [--out DIR] [--quick]
+        [--sizes 10000,100000,1000000] [--index-dir DIR] [--ann-compare] [--out DIR]
+        [--quick]
 """
 
 from __future__ import annotations
@@ -24,33 +23,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import semantic_eval as se
+import semantic_latency
 from common import add_common_args, machine, prepare_out, write_result
 
+from hybridkv.semantic import heldout_pairs, labeled_pairs
 from hybridkv.semantic.cache import SemanticCache
 from hybridkv.semantic.embedding import load_embedder
-from hybridkv.semantic.entry import Entry
-from hybridkv.semantic.index import CONNECTIVITY, EXPANSION_SEARCH, VectorIndex
-from hybridkv.semantic.labeled_pairs import questions
 from hybridkv.semantic.memory_store import MemoryStore
 from hybridkv.semantic.thresholds import ThresholdPolicy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-THRESHOLDS = (0.8, 0.85, 0.875, 0.9, 0.925, 0.95, 0.97, 0.99)
+THRESHOLDS = (0.8, 0.85, 0.875, 0.9, 0.925, 0.95, 0.97, 0.98, 0.99, 0.995)
 DEFAULT_THRESHOLD = 0.9
 
 
-def quality(embedder, families: int, seeds: list[int]) -> dict:
-    """Fixed thresholds (vetoes on/off) and learned ones, summed over `seeds`."""
+QUESTION_SETS = {"generated": labeled_pairs.questions, "heldout": heldout_pairs.questions}
+
+
+def make_streams(name: str, families: int, seeds: list[int]) -> list[list]:
+    """One shuffled stream of the question set `name` per seed."""
+    return [se.stream(QUESTION_SETS[name](s, families), s) for s in seeds]
+
+
+def quality(embedder, streams: list[list]) -> dict:
+    """Fixed thresholds (vetoes on/off) and learned ones, summed over the streams."""
     rows: dict[str, list] = {"fixed_with_vetoes": [], "fixed_without_vetoes": [], "learned": []}
-    streams = [se.stream(questions(s, families), s) for s in seeds]
     tables = [_table(embedder, qs) for qs in streams]
     for guards, name in ((True, "fixed_with_vetoes"), (False, "fixed_without_vetoes")):
         for t in THRESHOLDS:
@@ -60,9 +63,9 @@ def quality(embedder, families: int, seeds: list[int]) -> dict:
         outs = [se.run(qs, tb, threshold=DEFAULT_THRESHOLD, error_bound=bound, seed=i)
                 for i, (qs, tb) in enumerate(zip(streams, tables))]
         rows["learned"].append({"error_bound": bound, **_sum(outs).row()})
-    kinds = _by_kind(streams, tables)
-    return {"questions": sum(len(q) for q in streams), "seeds": seeds, **rows,
-            "default_by_kind": kinds}
+    kinds, examples = _by_kind(streams, tables)
+    return {"questions": sum(len(q) for q in streams), **rows, "default_by_kind": kinds,
+            "default_false_hits": examples}
 
 
 def _table(embedder, qs) -> se.TableEmbedder:
@@ -78,9 +81,11 @@ def _sum(outs: list[se.Outcome]) -> se.Outcome:
     return total
 
 
-def _by_kind(streams, tables) -> dict:
-    """At the default settings: how often each kind of question was served."""
+def _by_kind(streams, tables) -> tuple[dict, list]:
+    """At the default settings: how often each kind of question was served, and
+    the false hits as (question, the entry's question) pairs."""
     counts: dict[str, list[int]] = {}
+    examples = []
     for qs, table in zip(streams, tables):
         cache = SemanticCache(MemoryStore(table.dim, max_entries=10**7, ttl_seconds=1e9), table,
                               ThresholdPolicy(DEFAULT_THRESHOLD))
@@ -91,16 +96,19 @@ def _by_kind(streams, tables) -> dict:
             if found.action == "serve":
                 row[1] += 1
                 row[2] += found.entry.answer != q.label
+                if found.entry.answer != q.label:
+                    examples.append([q.kind, q.text, found.entry.text])
             else:
                 cache.insert(found, q.label, "stop", 1)
-    return {k: {"questions": v[0], "served": v[1], "false_hits": v[2]} for k, v in counts.items()}
+    kinds = {k: {"questions": v[0], "served": v[1], "false_hits": v[2]}
+             for k, v in counts.items()}
+    return kinds, examples
 
 
-def gptcache(python: str, embedder, families: int, seeds: list[int]) -> list:
-    """GPTCache's rows (summed over seeds) from its own interpreter."""
+def gptcache(python: str, embedder, streams: list[list]) -> list:
+    """GPTCache's rows (summed over the streams) from its own interpreter."""
     per_seed = []
-    for s in seeds:
-        qs = se.stream(questions(s, families), s)
+    for qs in streams:
         texts = sorted({q.text for q in qs})
         with tempfile.TemporaryDirectory() as src:
             with open(os.path.join(src, "stream.json"), "w") as f:
@@ -117,108 +125,12 @@ def gptcache(python: str, embedder, families: int, seeds: list[int]) -> list:
 
 
 def _sum_gpt(rows: list[dict]) -> dict:
-    total = {k: sum(r[k] for r in rows) for k in ("served", "false_hits", "reachable",
-                                                   "questions")}
-    right = sum(round(r["recall"] * r["reachable"]) for r in rows)
+    total = {k: sum(r[k] for r in rows) for k in ("served", "false_hits", "right",
+                                                   "reachable", "questions")}
+    right = total["right"]
     return {"threshold": rows[0]["threshold"], "cosine_equivalent": rows[0]["cosine_equivalent"],
             **total, "false_hit_rate": round(total["false_hits"] / max(1, total["served"]), 4),
             "recall": round(right / max(1, total["reachable"]), 4)}
-
-
-# ---- latency ------------------------------------------------------------------
-
-def filled_cache(embedder, size: int, rng: np.random.Generator) -> tuple[SemanticCache, np.ndarray]:
-    """A memory cache holding `size` synthetic entries in one scope (bulk-built)."""
-    vectors = rng.standard_normal((size, embedder.dim), dtype=np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    store = MemoryStore(embedder.dim, max_entries=size + 10, ttl_seconds=1e9)
-    index = VectorIndex(embedder.dim)
-    keys = np.arange(1, size + 1, dtype=np.uint64)
-    index.add_many(keys, vectors)
-    store.index.scope_to_index["s"] = index
-    now = time.time()
-    for k in range(1, size + 1):
-        store.id_to_entry[k] = Entry(k, "s", f"q{k}", f"question {k}", vectors[k - 1], "a",
-                                     created=now)
-        store.index.id_to_place[k] = ("s", f"q{k}")
-        store.index.exact_to_id[("s", f"q{k}")] = k
-    return SemanticCache(store, embedder, ThresholdPolicy(DEFAULT_THRESHOLD)), vectors
-
-
-def _percentiles(samples: list[float]) -> dict:
-    ordered = sorted(samples)
-    return {"p50_ms": 1e3 * ordered[len(ordered) // 2],
-            "p99_ms": 1e3 * ordered[int(0.99 * (len(ordered) - 1))]}
-
-
-def latency(embedder, sizes: list[int], lookups: int, rounds: int, compare: bool) -> list:
-    rng = np.random.default_rng(0)
-    texts = [q.text for g in questions(1, 20) for q in g]
-    out = []
-    for size in sizes:
-        start = time.perf_counter()
-        cache, vectors = filled_cache(embedder, size, rng)
-        built = time.perf_counter() - start
-        index = cache.store.index.scope_to_index["s"]
-        queries = embedder.embed(texts)
-        row = {"entries": size, "build_s": round(built, 1), "rounds": []}
-        for _ in range(rounds):
-            full, ann, cpu = [], [], []
-            for i in range(lookups + 100):
-                c0, t0 = time.thread_time(), time.perf_counter()
-                cache.lookup("s", texts[i % len(texts)])
-                t1, c1 = time.perf_counter(), time.thread_time()
-                index.search(queries[i % len(queries)], 4)
-                t2 = time.perf_counter()
-                if i >= 100:  # warm-up
-                    full.append(t1 - t0)
-                    cpu.append(c1 - c0)
-                    ann.append(t2 - t1)
-            row["rounds"].append({"lookup": _percentiles(full), "ann_search": _percentiles(ann),
-                                  "lookup_cpu": _percentiles(cpu)})
-        for part in ("lookup", "ann_search", "lookup_cpu"):
-            row[f"{part}_p99_ms_median"] = statistics.median(
-                x[part]["p99_ms"] for x in row["rounds"])
-            row[f"{part}_p50_ms_median"] = statistics.median(
-                x[part]["p50_ms"] for x in row["rounds"])
-        if compare:
-            row["ann_compare"] = ann_compare(index, vectors, rng, lookups)
-        out.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
-        del cache, vectors, index
-    return out
-
-
-def ann_compare(index: VectorIndex, vectors: np.ndarray, rng, lookups: int) -> dict:
-    """usearch against faiss HNSW (same M / efSearch) and brute force: p99, recall@1."""
-    near = vectors[rng.integers(0, len(vectors), lookups)]
-    queries = near + 0.3 * rng.standard_normal(near.shape, dtype=np.float32) / 16
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    truth = [int(np.argmax(vectors @ q)) + 1 for q in queries[:200]]
-    result = {"usearch": _time_ann(lambda q: index.search(q, 1)[0][0], queries, truth)}
-    try:
-        import faiss
-    except ImportError:
-        result["faiss"] = "faiss-cpu not installed"
-        return result
-    start = time.perf_counter()
-    hnsw = faiss.IndexHNSWFlat(vectors.shape[1], CONNECTIVITY, faiss.METRIC_INNER_PRODUCT)
-    hnsw.add(vectors)
-    hnsw.hnsw.efSearch = EXPANSION_SEARCH
-    built = time.perf_counter() - start
-    result["faiss_hnsw"] = {**_time_ann(lambda q: int(hnsw.search(q[None], 1)[1][0, 0]) + 1,
-                                        queries, truth), "build_s": round(built, 1)}
-    return result
-
-
-def _time_ann(search, queries, truth) -> dict:
-    times = []
-    for q in queries:
-        t0 = time.perf_counter()
-        search(q)
-        times.append(time.perf_counter() - t0)
-    hits = sum(search(q) == t for q, t in zip(queries[:200], truth))
-    return {**_percentiles(times), "recall_at_1": hits / len(truth)}
 
 
 def main() -> None:
@@ -226,11 +138,16 @@ def main() -> None:
     add_common_args(ap)
     ap.add_argument("--families", type=int, default=60, help="instances of each family")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--set", default="generated", choices=sorted(QUESTION_SETS),
+                    help="generated: the set the vetoes were developed on; heldout: "
+                         "families and templates they were not")
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--lookups", type=int, default=2000)
     ap.add_argument("--gptcache", default=None, metavar="PYTHON",
                     help="interpreter of a venv with gptcache, faiss-cpu, sqlalchemy")
     ap.add_argument("--ann-compare", action="store_true")
+    ap.add_argument("--index-dir", default=None, metavar="DIR",
+                    help="keep each size's HNSW graph here and reuse it (build once)")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-quality", action="store_true")
     args = ap.parse_args()
@@ -240,16 +157,19 @@ def main() -> None:
     embedder = load_embedder(None)
     seeds = [int(s) for s in args.seeds.split(",")]
     result: dict = {"machine": machine(), "embedder": embedder.name,
-                    "load_average": os.getloadavg()}
+                    "load_average": os.getloadavg(), "set": args.set, "seeds": seeds,
+                    "families": args.families}
     if not args.skip_quality:
-        result["quality"] = quality(embedder, args.families, seeds)
+        streams = make_streams(args.set, args.families, seeds)
+        result["quality"] = quality(embedder, streams)
         print(json.dumps(result["quality"]["fixed_with_vetoes"], indent=0), flush=True)
-    if args.gptcache and not args.skip_quality:
-        result["gptcache"] = gptcache(args.gptcache, embedder, args.families, seeds)
+        if args.gptcache:
+            result["gptcache"] = gptcache(args.gptcache, embedder, streams)
     if not args.skip_latency:
         sizes = [int(s) for s in args.sizes.split(",")]
-        result["latency"] = latency(embedder, sizes, args.lookups, 3, args.ann_compare)
-    name = "bench_semantic_cache" + ("_latency" if args.skip_quality else "")
+        result["latency"] = semantic_latency.latency(embedder, sizes, args.lookups, 3,
+                                                     args.ann_compare, args.index_dir)
+    name = "bench_semantic_cache_" + ("latency" if args.skip_quality else args.set)
     print(write_result(name, result, out_dir))
 
 
