@@ -8,7 +8,7 @@ Each needs only a C compiler and Python's headers and links no library:
   BSD-2-Clause);
 - `hybridkv._native._fastpath` (the KV cache manager's hot paths, `_fp_*.c`);
 - `hybridkv._native._codec` (the KV tier's batch encoding and eviction selection);
-- `hybridkv.kernels._decode_attn` (decode attention read in place from the paged
+- `hybridkv._native._decode_attn` (decode attention read in place from the paged
   KV cache, float32 CPU).
 
 The C sources live in `hybridkv/_native/`, the kernel's beside its Python wrapper
@@ -65,8 +65,8 @@ CODEC = Extension(
     optional=True,
 )
 DECODE_ATTN = Extension(
-    "hybridkv.kernels._decode_attn",
-    sources=[os.path.join("hybridkv", "kernels", "_decode_attn.c")],
+    "hybridkv._native._decode_attn",
+    sources=[os.path.join("hybridkv", "_native", "_decode_attn.c")],
     optional=True,
 )
 # what each extension does, and what runs instead when it is missing

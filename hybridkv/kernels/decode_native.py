@@ -26,7 +26,7 @@ from hybridkv.kernels.paged_rows import row_views_and_index
 def _load() -> Any:
     """The built extension module, or None (then the torch path serves)."""
     try:
-        return importlib.import_module("hybridkv.kernels._decode_attn")
+        return importlib.import_module("hybridkv._native._decode_attn")
     except ImportError:
         return None
 

@@ -12,6 +12,9 @@
  * with large heads spends its time on in the torch path. The caller checks shapes,
  * dtypes and bounds (`hybridkv/kernels/decode_native.py`); this file trusts them.
  * The GIL is released while it computes.
+ *
+ * mirrors hybridkv.kernels.attention_decode (the gather + scaled_dot_product_attention
+ * path, which runs where this extension is not built or the layer is not float32 on CPU).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
