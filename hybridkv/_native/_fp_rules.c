@@ -1,7 +1,7 @@
 /* HybridRulesCore: the `hybrid` eviction policy's five rules in C.
  *
  * eviction/hybrid.py's HybridPolicy is the pure-Python reference this matches
- * decision for decision; when the fast path is in use, HybridPolicy(...) builds a
+ * decision for decision; under the C backend, HybridPolicy.for_backend gives a
  * subclass of this type instead, which reads the policy's `rules` (a HybridRules)
  * by field name. Each queue is a doubly linked list threaded through the blocks
  * (BlockObject.q_*, _fp_rules.h) holding a reference to each: head is the front

@@ -80,15 +80,18 @@ class BlockPool:
         num_blocks: total blocks including the null block (>= 2).
         num_groups: KV cache groups keying cached blocks.
         eviction_policy: name of a registered policy (`lru` always exists).
+        backend: the manager backend the policy runs under ("c", "python", or None
+            for the default; `fastpath.resolve_backend`).
     """
 
     def __init__(self, num_blocks: int, num_groups: int = 1, *,
-                 eviction_policy: str = "lru") -> None:
+                 eviction_policy: str = "lru", backend: str | None = None) -> None:
         check_int("num_blocks", num_blocks, 2, note=" (the null block plus one)")
         self.num_blocks = num_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.null_block = self.blocks[0]
-        self.free_queue: EvictionPolicy = make_eviction_policy(eviction_policy, self.blocks[1:])
+        self.free_queue: EvictionPolicy = make_eviction_policy(eviction_policy, self.blocks[1:],
+                                                              backend)
         self.cached: list[dict[bytes, Block]] = [{} for _ in range(num_groups)]
         self.num_pinned = 0
         self.num_evictions = 0

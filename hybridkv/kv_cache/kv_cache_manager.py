@@ -96,7 +96,7 @@ class KVCacheManager:
         self.enable_caching = bool(enable_caching)
         self.config = kv_cache_config
         self.pool = BlockPool(kv_cache_config.num_blocks, len(kv_cache_config.kv_cache_groups),
-                              eviction_policy=eviction_policy)
+                              eviction_policy=eviction_policy, backend=self.backend)
         self.coordinator = HybridCoordinator(kv_cache_config, self.pool, self.enable_caching)
         self.hash_block_size = self.coordinator.hash_block_size
         self.num_groups = len(kv_cache_config.kv_cache_groups)

@@ -1,5 +1,5 @@
 """The C twin of the `hybrid` policy (`_fastpath.HybridRulesCore`) decides exactly like
-the Python reference (`eviction.hybrid.HybridPolicy` with the fast path disabled).
+the Python reference (`eviction.hybrid.HybridPolicy`, which the Python backend runs).
 
 Random operation sequences, as a pool makes them (take, free, hit, re-rate, queue
 anew, uncache, recompute), run on both with their own copies of the same blocks;
@@ -16,6 +16,7 @@ import random
 import pytest
 
 from hybridkv.kv_cache import fastpath
+from hybridkv.kv_cache.block_pool import BlockPool
 from hybridkv.kv_cache.eviction import (
     JUNCTION,
     LOW_VALUE,
@@ -36,15 +37,13 @@ RULES = [
 ]
 
 
-def make_pair(rules: HybridRules, num_blocks: int, monkeypatch) -> list:
+def make_pair(rules: HybridRules, num_blocks: int) -> list:
     """[(C twin, its blocks), (Python reference, its blocks)], the same pool state."""
     cls = type("Rules", (HybridPolicy,), {"rules": rules})
     sides = []
-    for disabled in ("0", "1"):
+    for backend in ("c", "python"):
         blocks = [fastpath.native.Block(i) for i in range(num_blocks)]
-        with monkeypatch.context() as m:
-            m.setenv(fastpath.DISABLE_ENV, disabled)
-            sides.append((cls(blocks), blocks))
+        sides.append((cls.for_backend(backend)(blocks), blocks))
     assert isinstance(sides[0][0], fastpath.native.HybridRulesCore)
     assert not isinstance(sides[1][0], fastpath.native.HybridRulesCore)
     assert all(isinstance(policy, cls) for policy, _ in sides)
@@ -177,9 +176,9 @@ class Twin:
 
 @pytest.mark.parametrize("rules", RULES, ids=range(len(RULES)))
 @pytest.mark.parametrize("seed", range(4))
-def test_random_operations_decide_alike(native, monkeypatch, rules, seed):
+def test_random_operations_decide_alike(native, rules, seed):
     rng = random.Random(seed)
-    twin = Twin(make_pair(rules, rng.choice([3, 12, 40]), monkeypatch), rng)
+    twin = Twin(make_pair(rules, rng.choice([3, 12, 40])), rng)
     twin.check()
     for _ in range(500):
         twin.step()
@@ -187,11 +186,11 @@ def test_random_operations_decide_alike(native, monkeypatch, rules, seed):
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_many_evictions_decide_alike(native, monkeypatch, seed):
+def test_many_evictions_decide_alike(native, seed):
     # a pool larger than the watch's first ring, new data evicted and computed again
     # often: the remembered evictions grow, are trimmed and compacted along the way
     rng = random.Random(seed)
-    twin = Twin(make_pair(RULES[seed], 150, monkeypatch), rng)
+    twin = Twin(make_pair(RULES[seed], 150), rng)
     for _ in range(3000):
         if rng.random() < 0.8:
             if twin.free and (rng.random() < 0.5 or not twin.held):
@@ -210,8 +209,8 @@ def state(policy, blocks) -> tuple:
             len(policy), policy.is_cycling())
 
 
-def test_bad_calls_raise_and_change_nothing(native, monkeypatch):
-    twin = Twin(make_pair(RULES[0], 6, monkeypatch), random.Random(0))
+def test_bad_calls_raise_and_change_nothing(native):
+    twin = Twin(make_pair(RULES[0], 6), random.Random(0))
     twin.take(3)
     twin.release(ids=[0])
     c, blocks = twin.sides[0]
@@ -252,6 +251,13 @@ def test_a_subclass_that_changes_a_method_runs_in_python(native):
         rules = HybridRules(hit_share=0.5)
 
     blocks = [native.Block(i) for i in range(4)]
-    assert not isinstance(Mine(blocks[:2]), native.HybridRulesCore)  # its take must run
-    tuned = Tuned(blocks[2:])
+    assert not isinstance(Mine.for_backend("c")(blocks[:2]), native.HybridRulesCore)  # its take
+    tuned = Tuned.for_backend("c")(blocks[2:])
     assert isinstance(tuned, native.HybridRulesCore) and isinstance(tuned, Tuned)
+
+
+@pytest.mark.parametrize("backend", ["c", "python"])
+def test_the_pools_backend_picks_the_policy_it_runs(native, backend):
+    pool = BlockPool(4, eviction_policy="hybrid", backend=backend)
+    assert isinstance(pool.free_queue, HybridPolicy)
+    assert isinstance(pool.free_queue, native.HybridRulesCore) == (backend == "c")

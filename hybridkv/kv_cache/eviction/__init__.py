@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from hybridkv.kv_cache import fastpath
 from hybridkv.kv_cache.eviction.base import (
     JUNCTION,
     LOW_VALUE,
@@ -39,12 +40,15 @@ def register_eviction_policy(name: str, policy_class: type[EvictionPolicy]) -> N
     EVICTION_POLICIES[name] = policy_class
 
 
-def make_eviction_policy(name: str, blocks: Iterable[Block]) -> EvictionPolicy:
-    """The policy registered as `name`, holding `blocks` as free; ValueError if unknown."""
+def make_eviction_policy(name: str, blocks: Iterable[Block],
+                         backend: str | None = None) -> EvictionPolicy:
+    """The policy registered as `name`, holding `blocks` as free, in the class that runs
+    it under the manager backend `backend` (`fastpath.resolve_backend`: None is the
+    default backend); ValueError if unknown."""
     if name not in EVICTION_POLICIES:
         raise ValueError(f"eviction_policy: unknown policy {name!r}; "
                          f"use one of {sorted(EVICTION_POLICIES)}")
-    return EVICTION_POLICIES[name](blocks)
+    return EVICTION_POLICIES[name].for_backend(fastpath.resolve_backend(backend))(blocks)
 
 
 __all__ = [

@@ -53,6 +53,12 @@ class EvictionPolicy(ABC):
     # cached again (`recomputed`); empty for policies that do not watch
     evicted: Mapping[bytes, object] = MappingProxyType({})
 
+    @classmethod
+    def for_backend(cls, backend: str) -> type[EvictionPolicy]:
+        """The class that runs this policy under the manager backend `backend` ("c" or
+        "python"): the class itself, unless the policy has a C twin."""
+        return cls
+
     @abstractmethod
     def __init__(self, blocks: Iterable[Block] = ()) -> None:
         """Start with `blocks` free, taken in the order given."""

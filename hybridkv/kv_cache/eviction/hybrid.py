@@ -31,9 +31,9 @@ decaying share (`vote_weight`); the guard is on unless LRU's share is the
 larger, so it starts on and stays on while it does no harm.
 
 The constants live in one named structure, `HybridRules`. `HybridPolicy` here
-is the pure-Python reference; while the C fast path is in use (the manager's
-default backend: built, and `HYBRIDKV_DISABLE_FASTPATH` not `1` when the policy
-is made) `HybridPolicy(...)` runs its C twin, the extension's `HybridRulesCore`
+is the pure-Python reference; a pool whose manager runs the C backend (the
+default: built, and `HYBRIDKV_DISABLE_FASTPATH` not `1` when the manager is made)
+gets its C twin instead (`for_backend`), the extension's `HybridRulesCore`
 (`_native/_fp_rules*.c`), which reads the policy's `rules` by field name and
 decides exactly like this code (tests/kv_cache/test_hybrid_twin.py and the replay
 digests compare the two); a subclass that redefines a method runs this code. A rule
@@ -110,13 +110,11 @@ class HybridPolicy(EvictionPolicy):
     rules: HybridRules = RULES
     evicted: Mapping[bytes, object]
 
-    def __new__(cls, blocks: Iterable[Block] = ()) -> HybridPolicy:
-        """This class, the reference; or, while the C fast path is in use and `cls`
-        changes no method (only `rules`), its C twin."""
-        if runs_in_c(cls):
-            twin = c_twin(cls)
-            return twin.__new__(twin)  # HybridRulesCore's; it then runs its own __init__
-        return super().__new__(cls)
+    @classmethod
+    def for_backend(cls, backend: str) -> type[EvictionPolicy]:
+        """This class, the reference; or, under the C backend when `cls` changes no
+        method (only `rules`), its C twin."""
+        return c_twin(cls) if backend == "c" and runs_in_c(cls) else cls
 
     def __init__(self, blocks: Iterable[Block] = ()) -> None:
         self._queues: list[OrderedDict[Block, None]] = [OrderedDict() for _ in range(5)]
@@ -254,9 +252,9 @@ class HybridPolicy(EvictionPolicy):
 
 
 def runs_in_c(cls: type[HybridPolicy]) -> bool:
-    """Whether `cls` gets the C twin: the fast path is in use (`fastpath.resolve_backend`)
-    and no class between it and HybridPolicy redefines a method (the C's would win)."""
-    if fastpath.resolve_backend(None) != "c" or issubclass(cls, fastpath.native.HybridRulesCore):
+    """Whether `cls` can run on the C twin: the extension is built and no class
+    between it and HybridPolicy redefines a method (the C's would win)."""
+    if fastpath.native is None or issubclass(cls, fastpath.native.HybridRulesCore):
         return False
     below = cls.__mro__[:cls.__mro__.index(HybridPolicy)]
     return not any(callable(getattr(HybridPolicy, name, None))
