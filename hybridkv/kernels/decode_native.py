@@ -67,12 +67,15 @@ def native_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     (k_rows, v_rows), index = found  # rows: [num_rows, Hkv, D]; index: [S * num_keys]
     num_seqs, num_q_heads, head_dim = query.shape
     num_rows = min(k_rows.shape[0], v_rows.shape[0])
-    assert index.numel() == num_seqs * num_keys, "slots do not match the sequences"
-    assert index.numel() == 0 or (0 <= int(index.min()) and int(index.max()) < num_rows), \
-        "a decode slot lies outside the cache"
+    # checked here, not by asserts: the kernel reads raw pointers (and `python -O` drops asserts)
+    if index.numel() != num_seqs * num_keys:
+        raise ValueError(f"{index.numel()} slots for {num_seqs} sequences of {num_keys} keys")
+    if index.numel() and not (0 <= int(index.min()) and int(index.max()) < num_rows):
+        raise ValueError(f"a decode slot lies outside the cache's {num_rows} rows")
     counts = counts.to(torch.int64).contiguous()
-    assert counts.numel() == num_seqs and (num_seqs == 0 or (
-        int(counts.min()) >= 1 and int(counts.max()) <= num_keys)), "bad key counts"
+    if counts.numel() != num_seqs or (num_seqs and not (
+            int(counts.min()) >= 1 and int(counts.max()) <= num_keys)):
+        raise ValueError(f"key counts must be {num_seqs} values in 1..{num_keys}")
     q = query.contiguous()
     out = torch.empty_like(q)  # [S, Hq, D]
     if num_seqs:

@@ -102,3 +102,14 @@ def test_the_version_names_the_decode_path():
     from hybridkv.tools.cli import version_text
 
     assert "decode attention: C kernel" in version_text()
+
+
+@pytest.mark.parametrize("slot,count,error", [
+    (48, 2, "outside the cache"), (-1, 2, "outside the cache"), (0, 0, "key counts"),
+    (0, 3, "key counts")])
+def test_bad_slots_or_counts_raise_before_the_kernel_reads(slot, count, error):
+    k, v = paged_caches(12, 4, 1, 16, 0, seed=0)  # 48 rows
+    slots = torch.tensor([1, slot])
+    with pytest.raises(ValueError, match=error):
+        decode_native.native_decode_attention(torch.randn(1, 2, 16), k, v, slots,
+                                              torch.tensor([count]), 2, 0.3)
