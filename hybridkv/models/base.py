@@ -30,6 +30,7 @@ from hybridkv.kv_cache.specs import (
     SlidingWindowSpec,
     dtype_name,
 )
+from hybridkv.models.fused_norm import FusedNorms
 from hybridkv.models.mamba_batch import MambaBatch
 from hybridkv.models.packed_linear import PackedLinears, gated_mlp_parts
 from hybridkv.models.rope import RotaryEmbedding, rotary_from_params
@@ -104,6 +105,7 @@ class ModelRunner(ABC):
         self.attn_layers = self.build_attention_layers()
         self.kv_caches: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.linears = PackedLinears()  # empty: every projection runs its own module
+        self.norms = FusedNorms()  # empty: every norm runs its own module
 
     @classmethod
     def from_hf(cls, model: nn.Module) -> ModelRunner:
@@ -116,12 +118,20 @@ class ModelRunner(ABC):
         cannot pack them, e.g. off CPU or not float32). Costs a second copy of each."""
         for layer in self.decoder.layers:
             attn = getattr(layer, "self_attn", None)
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                self.linears.add(getattr(attn, name, None))
-            for part in gated_mlp_parts(getattr(layer, "mlp", None)) or ():
-                self.linears.add(part)
+            qkv = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+            self._pack(qkv, getattr(attn, "o_proj", None))
+            self._pack(*_gate_up_down(getattr(layer, "mlp", None)))
         self.linears.add(getattr(self.model, "lm_head", None))
+        self.norms.add_all(self.model)
         return len(self.linears)
+
+    def _pack(self, together: list, alone: nn.Module | None) -> None:
+        """Pack `together` as one stacked matrix (each alone when that is refused), and
+        `alone` by itself."""
+        if not self.linears.add_fused(together) and not self.linears.is_fused(together):
+            for module in together:
+                self.linears.add(module)
+        self.linears.add(alone)
 
     # ----------------------------------------------------------------- layout
     @abstractmethod
@@ -201,7 +211,7 @@ class ModelRunner(ABC):
         for index, layer in enumerate(self.decoder.layers):
             batch = attn_batches[self.attn_layers[index].name]
             hidden = self.decoder_layer(index, layer, hidden, step, batch)
-        hidden = self.decoder.norm(hidden[logits_indices])  # [S, hidden]
+        hidden = self.norms.apply(self.decoder.norm, hidden[logits_indices])  # [S, hidden]
         return self.compute_logits(hidden)
 
     def _check_step(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -227,10 +237,11 @@ class ModelRunner(ABC):
     def decoder_layer(self, index: int, layer: nn.Module, hidden: torch.Tensor, step: Step,
                       batch: AttentionBatch) -> torch.Tensor:
         """Pre-norm decoder layer: h += attn(norm(h)); h += ffn(norm(h)). hidden: [T, hidden]."""
-        attn_out = self.self_attention(index, layer.self_attn, layer.input_layernorm(hidden),
-                                       step, batch)
+        norm = self.norms.apply
+        attn_out = self.self_attention(index, layer.self_attn,
+                                       norm(layer.input_layernorm, hidden), step, batch)
         hidden = hidden + attn_out
-        return hidden + self.feed_forward(layer, layer.post_attention_layernorm(hidden))
+        return hidden + self.feed_forward(layer, norm(layer.post_attention_layernorm, hidden))
 
     def feed_forward(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The layer's MLP on x [T, hidden]."""
@@ -242,25 +253,26 @@ class ModelRunner(ABC):
         if parts is None:
             return mlp(x)
         gate, up, down = parts
-        hidden = mlp.act_fn(self.linears.apply(gate, x)) * self.linears.apply(up, x)
-        return self.linears.apply(down, hidden)
+        gate_out, up_out = self.linears.apply_all((gate, up), x)
+        return self.linears.apply(down, mlp.act_fn(gate_out) * up_out)
 
     def self_attention(self, index: int, attn: nn.Module, x: torch.Tensor, step: Step,
                        batch: AttentionBatch) -> torch.Tensor:
         """Project, encode positions, write K/V, attend over the cache, project out."""
         spec = self.attn_layers[index]
         num_tokens = x.shape[0]
-        linear = self.linears.apply
-        q = linear(attn.q_proj, x).view(num_tokens, spec.num_heads, spec.head_dim)  # [T, Hq, D]
-        k = linear(attn.k_proj, x).view(num_tokens, spec.num_kv_heads, spec.head_dim)  # [T,Hkv,D]
-        v = linear(attn.v_proj, x).view(num_tokens, spec.num_kv_heads, spec.head_dim)  # [T,Hkv,D]
+        q, k, v = self.linears.apply_all((attn.q_proj, attn.k_proj, attn.v_proj), x)
+        q = q.view(num_tokens, spec.num_heads, spec.head_dim)  # [T, Hq, D]
+        k = k.view(num_tokens, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
+        v = v.view(num_tokens, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
         q, k = self.transform_qk(index, attn, q, k, step)
         k_cache, v_cache = self.kv_caches[spec.name]
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, batch, scale=spec.scale,
                               sliding_window=spec.sliding_window, chunk_size=spec.chunk_size,
                               softcap=spec.softcap, sinks=self.attention_sinks(attn))
-        return linear(attn.o_proj, out.reshape(num_tokens, spec.num_heads * spec.head_dim))
+        return self.linears.apply(attn.o_proj,
+                                  out.reshape(num_tokens, spec.num_heads * spec.head_dim))
 
     def transform_qk(self, index: int, attn: nn.Module, q: torch.Tensor, k: torch.Tensor,
                      step: Step) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,6 +291,12 @@ class ModelRunner(ABC):
     def attention_sinks(self, attn: nn.Module) -> torch.Tensor | None:
         """Per-query-head sink logits [Hq] joining the softmax denominator, or None."""
         return None
+
+
+def _gate_up_down(mlp: nn.Module | None) -> tuple[list, nn.Module | None]:
+    """([gate_proj, up_proj], down_proj) of a gated MLP, else ([], None)."""
+    parts = gated_mlp_parts(mlp)
+    return ([], None) if parts is None else ([parts[0], parts[1]], parts[2])
 
 
 def _eos_token_ids(model: nn.Module) -> tuple[int, ...]:

@@ -65,11 +65,12 @@ class Gemma2Runner(ModelRunner):
     def decoder_layer(self, index: int, layer: nn.Module, hidden: torch.Tensor, step: Step,
                       batch: AttentionBatch) -> torch.Tensor:
         """Sandwich norms: h += post_norm(attn(pre_norm(h))); the same around the MLP."""
-        attn_out = self.self_attention(index, layer.self_attn, layer.input_layernorm(hidden),
-                                       step, batch)
-        hidden = hidden + layer.post_attention_layernorm(attn_out)
-        mlp_out = self.mlp(layer.mlp, layer.pre_feedforward_layernorm(hidden))
-        return hidden + layer.post_feedforward_layernorm(mlp_out)
+        norm = self.norms.apply
+        attn_out = self.self_attention(index, layer.self_attn,
+                                       norm(layer.input_layernorm, hidden), step, batch)
+        hidden = hidden + norm(layer.post_attention_layernorm, attn_out)
+        mlp_out = self.mlp(layer.mlp, norm(layer.pre_feedforward_layernorm, hidden))
+        return hidden + norm(layer.post_feedforward_layernorm, mlp_out)
 
 
 class Gemma3Runner(Gemma2Runner):
@@ -92,4 +93,5 @@ class Gemma3Runner(Gemma2Runner):
     def transform_qk(self, index: int, attn: nn.Module, q: torch.Tensor, k: torch.Tensor,
                      step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """RMSNorm each head of q [T, Hq, D] and k [T, Hkv, D], then rotate."""
-        return self.apply_rope(index, attn.q_norm(q), attn.k_norm(k), step)
+        norm = self.norms.apply
+        return self.apply_rope(index, norm(attn.q_norm, q), norm(attn.k_norm, k), step)

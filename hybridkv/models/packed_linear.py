@@ -21,6 +21,8 @@ oneDNN's per-call cost exceeds what the layout saves (measured, 8 rows: a 64 x 1
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -34,11 +36,15 @@ MIN_WEIGHT_ELEMENTS = 1 << 16
 def can_prepack(module: nn.Module) -> bool:
     """Whether `module` is an `nn.Linear` whose weight oneDNN can pack here (float32, CPU)
     and is large enough to gain from it."""
+    return _packable(module) and module.weight.numel() >= MIN_WEIGHT_ELEMENTS
+
+
+def _packable(module: nn.Module | None) -> bool:
+    """Whether oneDNN can pack `module`'s weight here (an `nn.Linear`, float32, CPU)."""
     if not isinstance(module, nn.Linear) or not torch.backends.mkldnn.is_available():
         return False
     weight = module.weight
     return (weight.device.type == "cpu" and weight.dtype == torch.float32
-            and weight.numel() >= MIN_WEIGHT_ELEMENTS
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
@@ -52,9 +58,14 @@ class PackedLinears:
     def __init__(self) -> None:
         # id(module) -> (module, packed weight); the module is kept so its id stays unique
         self._packed: dict[int, tuple[nn.Linear, torch.Tensor]] = {}
+        # ids of modules fed the same input -> (their output widths, packed stacked weight,
+        # stacked bias or None); see `add_fused`
+        self._fused: dict[tuple[int, ...], tuple[list[int], torch.Tensor,
+                                                   torch.Tensor | None]] = {}
+        self._fused_modules: list[nn.Linear] = []  # keeps the fused modules' ids unique
 
     def __len__(self) -> int:
-        return len(self._packed)
+        return len(self._packed) + sum(len(key) for key in self._fused)
 
     def add(self, module: nn.Module) -> bool:
         """Pack `module`'s weight if `can_prepack` allows; returns whether it did."""
@@ -65,6 +76,50 @@ class PackedLinears:
             packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), BATCH_HINT)
         self._packed[id(module)] = (module, packed)
         return True
+
+    def add_fused(self, modules: Sequence[nn.Module | None]) -> bool:
+        """Pack the weights of `modules` (linears applied to one input, e.g. q, k and v)
+        stacked into one matrix, so `apply_all` runs them as one product; returns whether
+        it did. Refused (nothing packed) when one of them cannot be packed, or only some
+        carry a bias, or their input widths differ, or the stacked matrix is smaller than
+        `MIN_WEIGHT_ELEMENTS`."""
+        linears = [m for m in modules if _packable(m)]
+        if len(linears) < 2 or len(linears) != len(modules):
+            return False
+        assert all(isinstance(m, nn.Linear) for m in linears)
+        biases = [m.bias for m in linears]
+        if any(b is None for b in biases) and not all(b is None for b in biases):
+            return False
+        if len({m.in_features for m in linears}) != 1 or \
+                sum(m.weight.numel() for m in linears) < MIN_WEIGHT_ELEMENTS:
+            return False
+        key = tuple(id(m) for m in linears)
+        if key in self._fused:
+            return False
+        with torch.no_grad():
+            stacked = torch.cat([m.weight.detach() for m in linears])  # [sum(out), in]
+            packed = torch.ops.mkldnn._reorder_linear_weight(stacked, BATCH_HINT)
+            bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        self._fused[key] = ([m.out_features for m in linears], packed, bias)
+        self._fused_modules.extend(linears)
+        return True
+
+    def is_fused(self, modules: Sequence[nn.Module | None]) -> bool:
+        """Whether `add_fused` packed exactly these modules together."""
+        return tuple(id(m) for m in modules) in self._fused
+
+    def apply_all(self, modules: Sequence[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
+        """`[m(x) for m in modules]` for x `[rows, in]`; one packed product split by
+        column when `add_fused` packed these modules together and `rows >= MIN_ROWS`
+        (each output `[rows, out_i]` is then a view of the product `[rows, sum(out)]`)."""
+        entry = self._fused.get(tuple(id(m) for m in modules))
+        if entry is None or x.dim() != 2 or x.shape[0] < MIN_ROWS:
+            return [self.apply(m, x) for m in modules]
+        widths, packed, bias = entry
+        if x.dtype != packed.dtype or not x.is_contiguous():
+            x = x.to(packed.dtype).contiguous()
+        out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        return list(out.split(widths, dim=1))
 
     def apply(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """`module(x)` for x `[rows, in]`, through the packed weight when it has one and

@@ -74,15 +74,19 @@ def test_runner_packs_its_large_projections_only():
 
     runner = load_model(wide_gemma3())
     layers = runner.decoder.layers
-    candidates = [getattr(layer.self_attn, name) for layer in layers
-                  for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    candidates += [getattr(layer.mlp, name) for layer in layers
-                   for name in ("gate_proj", "up_proj", "down_proj")]
-    candidates.append(runner.model.lm_head)
-    expected = sum(m.weight.numel() >= packed_linear.MIN_WEIGHT_ELEMENTS for m in candidates)
-    assert 0 < expected < len(candidates)  # k/v projections of this shape are too small
+    groups = [[getattr(layer.self_attn, name) for name in ("q_proj", "k_proj", "v_proj")]
+              for layer in layers]  # stacked: packed when the stack is large enough
+    groups += [[layer.mlp.gate_proj, layer.mlp.up_proj] for layer in layers]
+    alone = [layer.self_attn.o_proj for layer in layers] + [layer.mlp.down_proj
+                                                            for layer in layers]
+    alone.append(runner.model.lm_head)
+    large = packed_linear.MIN_WEIGHT_ELEMENTS
+    assert any(m.weight.numel() < large for g in groups for m in g)  # k/v alone too small
+    expected = sum(len(g) for g in groups if sum(m.weight.numel() for m in g) >= large)
+    expected += sum(m.weight.numel() >= large for m in alone)
     assert runner.prepack_weights() == expected
     assert runner.prepack_weights() == expected  # packing twice adds nothing
+    assert all(runner.linears.is_fused(g) for g in groups)
 
 
 def wide_gemma3(seed=0):
@@ -96,3 +100,47 @@ def wide_gemma3(seed=0):
         head_dim=64)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).eval()
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_products_match_each_linear(bias):
+    torch.manual_seed(0)
+    q, k, v = nn.Linear(256, 256, bias=bias), nn.Linear(256, 64, bias=bias), \
+        nn.Linear(256, 64, bias=bias)
+    linears = PackedLinears()
+    assert linears.add_fused([q, k, v]) and len(linears) == 3
+    for rows in (1, 2, 8, 700):
+        x = torch.randn(rows, 256)
+        outs = linears.apply_all((q, k, v), x)
+        assert [tuple(o.shape) for o in outs] == [(rows, 256), (rows, 64), (rows, 64)]
+        for out, module in zip(outs, (q, k, v)):
+            torch.testing.assert_close(out, module(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_fused_steps_of_two_rows_or_more_use_the_stacked_copy():
+    gate, up = nn.Linear(256, 256), nn.Linear(256, 256)
+    linears = PackedLinears()
+    linears.add_fused([gate, up])
+    with torch.no_grad():
+        up.weight.zero_()  # the stacked copy keeps the old weights
+    for rows, packed in ((1, False), (2, True), (64, True)):
+        _, out = linears.apply_all((gate, up), torch.ones(rows, 256))
+        assert bool((out != up.bias).any()) == packed, rows
+
+
+@needs_onednn
+def test_what_is_not_fused():
+    linears = PackedLinears()
+    small = [nn.Linear(64, 64), nn.Linear(64, 64)]  # stacked below MIN_WEIGHT_ELEMENTS
+    mixed_bias = [nn.Linear(256, 256), nn.Linear(256, 256, bias=False)]
+    widths = [nn.Linear(256, 256), nn.Linear(128, 256)]
+    half = [nn.Linear(256, 256), nn.Linear(256, 256).double()]
+    for group in (small, mixed_bias, widths, half, [nn.Linear(256, 256)], [None, None]):
+        assert not linears.add_fused(group)
+    assert len(linears) == 0
+    x = torch.randn(4, 64)
+    outs = linears.apply_all(small, x)  # not fused: each module runs itself
+    for out, module in zip(outs, small):
+        assert torch.equal(out, module(x))
