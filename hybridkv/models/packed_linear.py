@@ -22,6 +22,7 @@ oneDNN's per-call cost exceeds what the layout saves (measured, 8 rows: a 64 x 1
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeGuard
 
 import torch
 from torch import nn
@@ -39,7 +40,7 @@ def can_prepack(module: nn.Module) -> bool:
     return _packable(module) and module.weight.numel() >= MIN_WEIGHT_ELEMENTS
 
 
-def _packable(module: nn.Module | None) -> bool:
+def _packable(module: nn.Module | None) -> TypeGuard[nn.Linear]:
     """Whether oneDNN can pack `module`'s weight here (an `nn.Linear`, float32, CPU)."""
     if not isinstance(module, nn.Linear) or not torch.backends.mkldnn.is_available():
         return False
@@ -86,7 +87,6 @@ class PackedLinears:
         linears = [m for m in modules if _packable(m)]
         if len(linears) < 2 or len(linears) != len(modules):
             return False
-        assert all(isinstance(m, nn.Linear) for m in linears)
         biases = [m.bias for m in linears]
         if any(b is None for b in biases) and not all(b is None for b in biases):
             return False
