@@ -13,7 +13,10 @@ round, for `--rounds` rounds. Workloads:
   blocks of 16 tokens' worth of bytes (180 MiB at the 270M shape);
 - `chat`: multi-turn conversations of our own (`chat_sessions.py`), streamed.
 
-Block sizes: each engine's default (hybridkv 16, vLLM's CPU default 128) and 16 for both.
+hybridkv's engine thread is bound to one core (`--cpu-bind auto`, as vLLM's CPU worker
+binds its compute thread by default); the engine `hybridkv-unbound` is the same server
+left unbound, for comparison. Block sizes: each engine's default (hybridkv 16, vLLM's CPU
+default 128) and 16 for both.
 vLLM runs at its defaults (torch.compile) and with `--enforce-eager`; the faster of the two
 (median requests/s) is the anchor of the ratios. Prefix hit rates come from each server's
 `/metrics`. Results: `--out DIR/vs_vllm_serve.json`, one PNG per workload, server logs.
@@ -43,7 +46,7 @@ import time
 from chat_sessions import run_chat
 from common import add_common_args, prepare_out, write_result
 from serve_checkpoints import CHECKPOINTS, HYBRIDKV_ONLY, bytes_per_block, write_checkpoint
-from serve_servers import HERE, Server, ServerConfig, start_server
+from serve_servers import HERE, Server, ServerConfig, is_hybridkv, start_server
 
 PRESSURE_BLOCKS_16 = 1920  # 180 MiB at the 270M shape: 96 KiB per block of 16 tokens
 NO_PRESSURE_BYTES = 1 << 30
@@ -79,6 +82,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1,
                     help="compute threads of each server (vLLM's CPU worker binds one per "
                          "core and keeps one core for its scheduler: 1 on a 2-core machine)")
+    ap.add_argument("--cpu-bind", default="auto",
+                    help="hybridkv's --cpu-bind: 'auto' binds its engine thread to one core "
+                         "as vLLM's CPU worker binds its own by default; 'none' leaves it "
+                         "free (the engine 'hybridkv-unbound' always runs with 'none')")
     ap.add_argument("--vllm-venv", default=os.environ.get("HYBRIDKV_VLLM_VENV",
                                                           "/work/venvs/vllm"))
     ap.add_argument("--checkpoints", default=None,
@@ -106,14 +113,16 @@ def kv_bytes_for(workload: str, checkpoint: str) -> int:
 
 
 def server_configs(engines: list[str], checkpoint: str, workload: str, mode: str,
-                   threads: int) -> list[ServerConfig]:
+                   threads: int, cpu_bind: str = "none") -> list[ServerConfig]:
     """One config per engine, equal KV bytes (block counts from the shared-pool layout)."""
     kv_bytes = kv_bytes_for(workload, checkpoint)
     configs = []
     for engine in engines:
-        block = 16 if mode == "16" or engine == "hybridkv" else VLLM_DEFAULT_BLOCK
+        block = 16 if mode == "16" or is_hybridkv(engine) else VLLM_DEFAULT_BLOCK
         num_blocks = kv_bytes // bytes_per_block(checkpoint, block)
-        configs.append(ServerConfig(engine, checkpoint, block, num_blocks, kv_bytes, threads))
+        bind = "none" if engine == "hybridkv-unbound" else cpu_bind
+        configs.append(ServerConfig(engine, checkpoint, block, num_blocks, kv_bytes, threads,
+                                    cpu_bind=bind))
     return configs
 
 
@@ -158,7 +167,7 @@ def run_cell(checkpoint: str, name: str, workload: str, mode: str, args, python:
              log_dir: str) -> dict:
     """Every engine, `rounds` alternating rounds: {engine: [round results]} and outputs."""
     engines = ["hybridkv"] if name in HYBRIDKV_ONLY else args.engines.split(",")
-    configs = server_configs(engines, checkpoint, workload, mode, args.threads)
+    configs = server_configs(engines, checkpoint, workload, mode, args.threads, args.cpu_bind)
     runs: dict[str, list[dict]] = {c.engine: [] for c in configs}
     same_outputs = []
     for r in range(args.rounds):

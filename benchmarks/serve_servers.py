@@ -28,13 +28,19 @@ _VLLM_BLOCK_BYTES: dict[tuple[str, int], int] = {}
 class ServerConfig:
     """One server to start: which engine, its block size and KV blocks, its mode."""
 
-    engine: str  # "hybridkv" | "vllm" | "vllm-eager"
+    engine: str  # "hybridkv" | "hybridkv-unbound" | "vllm" | "vllm-eager"
     checkpoint: str
     block_size: int
     num_blocks: int
     kv_bytes: int
     threads: int
     max_num_seqs: int = 32
+    cpu_bind: str = "none"  # hybridkv's --cpu-bind (vLLM's CPU worker binds itself)
+
+
+def is_hybridkv(engine: str) -> bool:
+    """Whether `engine` names a hybridkv server ("hybridkv", "hybridkv-unbound")."""
+    return engine.startswith("hybridkv")
 
 
 def free_port() -> int:
@@ -46,12 +52,13 @@ def free_port() -> int:
 def server_command(config: ServerConfig, port: int, vllm_python: str) -> tuple[list[str], dict]:
     """The command line and environment of `config` on `port`."""
     env = dict(os.environ)
-    if config.engine == "hybridkv":
+    if is_hybridkv(config.engine):
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         cmd = [sys.executable, "-m", "hybridkv.tools.cli", "serve", config.checkpoint,
                "--port", str(port), "--block-size", str(config.block_size),
                "--kv-cache-bytes", str(config.kv_bytes), "--threads", str(config.threads),
-               "--max-num-seqs", str(config.max_num_seqs), "--log-level", "warning"]
+               "--max-num-seqs", str(config.max_num_seqs), "--log-level", "warning",
+               "--cpu-bind", config.cpu_bind]
         return cmd, env
     env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1")
     env.pop("PYTHONPATH", None)
@@ -129,10 +136,10 @@ def start_server(config: ServerConfig, vllm_python: str, log_path: str) -> Serve
     different count is stopped and started again with the right one.
     """
     key = (config.checkpoint, config.block_size)
-    if config.engine != "hybridkv" and key in _VLLM_BLOCK_BYTES:
+    if not is_hybridkv(config.engine) and key in _VLLM_BLOCK_BYTES:
         config = replace(config, num_blocks=max(2, config.kv_bytes // _VLLM_BLOCK_BYTES[key]))
     server = Server(config, vllm_python, log_path)
-    if config.engine == "hybridkv" or key in _VLLM_BLOCK_BYTES:
+    if is_hybridkv(config.engine) or key in _VLLM_BLOCK_BYTES:
         return server
     with open(log_path) as f:
         found = re.search(r"Overriding num_gpu_blocks=(\d+)", f.read())

@@ -30,6 +30,7 @@ from typing import Any
 from hybridkv.engine.sampling import SamplingParams
 from hybridkv.engine.scheduler import SeqState
 from hybridkv.kv_cache.events import BlockEvent
+from hybridkv.serving.cpu_bind import bind_current_thread
 
 logger = logging.getLogger("hybridkv.serving")
 
@@ -85,14 +86,17 @@ class AsyncEngine:
 
     `metrics` (ServerMetrics or None), `on_events` (called on the engine
     thread with each step's block events) and `on_add` (with each request
-    accepted) are optional observers.
+    accepted) are optional observers. `cpu_cores`: the cores the engine thread
+    runs on (see `cpu_bind`; None leaves it to the kernel).
     """
 
     def __init__(self, llm: Any, *, metrics: Any = None,
                  on_events: Callable[[list[BlockEvent]], None] | None = None,
                  on_death: Callable[[BaseException], None] | None = None,
-                 on_add: Callable[[Any], None] | None = None) -> None:
+                 on_add: Callable[[Any], None] | None = None,
+                 cpu_cores: frozenset[int] | None = None) -> None:
         self.llm = llm
+        self.cpu_cores = cpu_cores  # the engine thread's cores (None: not bound)
         self.metrics = metrics
         self.on_death = on_death
         self._on_events = on_events
@@ -162,6 +166,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
+            bind_current_thread(self.cpu_cores)
             while self._take_commands(block=not self.llm.has_unfinished_requests()):
                 if self.llm.has_unfinished_requests():
                     self.llm.step()

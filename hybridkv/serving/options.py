@@ -76,6 +76,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--seed", type=int, default=0,
                         help="preset weights and the default sampling seed")
     engine.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    engine.add_argument("--cpu-bind", default="none", metavar="CORES",
+                        help="cores for the engine thread: none (default), auto (the first "
+                             "--threads cores, when one is left for the rest of the server, "
+                             "as vLLM's CPU worker binds itself) or a list such as 0,2-3")
     engine.add_argument("--prepack-weights", action=argparse.BooleanOptionalAction,
                         default=True, help="CPU: a oneDNN-packed copy of the linear weights "
                                            "(faster steps; twice their memory)")

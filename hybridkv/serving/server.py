@@ -90,8 +90,10 @@ def build_state(llm: Any, *, model_name: str, instance_id: str, base_url: str,
                 kv_events_config: str | None = None,
                 max_queue: int = DEFAULT_MAX_QUEUE,
                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                context_len: int | None = None, max_prompt_chars: int | None = None) -> Any:
-    """Engine front, metrics, publisher and routes' state around `llm`."""
+                context_len: int | None = None, max_prompt_chars: int | None = None,
+                engine_cores: frozenset[int] | None = None) -> Any:
+    """Engine front, metrics, publisher and routes' state around `llm` (its engine
+    thread bound to `engine_cores` when given)."""
     from hybridkv import __version__
     from hybridkv.serving.app import ServerState
     from hybridkv.serving.async_engine import AsyncEngine
@@ -117,7 +119,8 @@ def build_state(llm: Any, *, model_name: str, instance_id: str, base_url: str,
         publisher = publishers[0]
     engine = AsyncEngine(llm, metrics=metrics,
                          on_events=publisher.publish if publisher is not None else None,
-                         on_add=zmq_publisher.note_request if zmq_publisher else None)
+                         on_add=zmq_publisher.note_request if zmq_publisher else None,
+                         cpu_cores=engine_cores)
     prompts = PromptBuilder(llm.tokenizer, llm.runner.vocab_size,
                             context_len or llm.runner.max_model_len, max_prompt_chars)
     service = CompletionService(engine, prompts, model_name,
@@ -171,6 +174,9 @@ def _semantic_front(args: argparse.Namespace, state: Any) -> Any:
 def run_server(args: argparse.Namespace) -> int:
     """Serve until SIGTERM / SIGINT; returns the exit code. ValueError for bad options."""
     _check_args(args)
+    from hybridkv.serving.cpu_bind import parse_cpu_bind
+
+    engine_cores = parse_cpu_bind(args.cpu_bind, args.threads)
     import uvicorn
 
     from hybridkv.serving.app import build_app
@@ -186,7 +192,9 @@ def run_server(args: argparse.Namespace) -> int:
                         events_url=args.events, max_queue=args.max_queue,
                         kv_events_config=args.kv_events_config,
                         max_body_bytes=args.max_body_bytes, context_len=context_len,
-                        max_prompt_chars=args.max_prompt_chars)
+                        max_prompt_chars=args.max_prompt_chars, engine_cores=engine_cores)
+    if engine_cores is not None:
+        logger.info("engine thread bound to cores %s", sorted(engine_cores))
     from hybridkv.serving.summary import startup_summary
 
     for line in startup_summary(llm, model_name, context_len, args.eviction_policy).split("\n"):
