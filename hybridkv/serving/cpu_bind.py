@@ -1,12 +1,12 @@
 """Which CPU cores the engine thread may run on (`hybridkv serve --cpu-bind`).
 
 The engine thread runs every model step; the event loop and the text threads around it
-need a core only briefly per step. Left unbound, the kernel moves the engine thread
-between cores and, on a busy machine, parks it behind other processes' work; bound to
-its own cores it stays where its caches are, and the kernel's load balancing moves
-other work off those cores instead. vLLM's CPU worker does the same by default: it
-binds its compute threads to all cores but one and leaves that one to the rest of the
-server (its `VLLM_CPU_OMP_THREADS_BIND=auto`, one core reserved).
+need a core only briefly per step. On a busy machine an unbound engine thread spent a
+large share of its time runnable but waiting for a core (benchmarks/RESULTS.md); bound
+to a core of its own, it keeps its caches there and the kernel balances other work onto
+the remaining cores. vLLM's CPU worker binds itself by default: its compute threads to
+all cores but one, that one left to the rest of the server (`VLLM_CPU_OMP_THREADS_BIND`
+`auto`, one core reserved).
 
 `--cpu-bind none` (the default) leaves the scheduler alone: several servers on one
 machine would otherwise all bind the same cores. `auto` binds the engine thread to the
