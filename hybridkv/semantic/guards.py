@@ -7,6 +7,8 @@ sentence very little. Before a similar entry may answer a request, the two
 texts must agree on:
 
 - numbers (digits and number words, as a multiset): "5 km" is not "7 km";
+  and what each number counts, where both texts say: "how many cups are in
+  5 pints" is not "how many pints are in 5 cups";
 - negation (the parity of negation cues): "is it safe" vs "is it not safe";
 - the order of shared anchors (capitalised names, numbers, units, and the
   words beside "than", "to", "from", "into", "vs"): swapped entities and
@@ -81,7 +83,7 @@ def conflicts(a: str, b: str, similarity: float = 1.0) -> str | None:
     two texts' embedding similarity (only the rewording check reads it)."""
     wa, wb = words(a), words(b)
     la, lb = [w.lower() for w in wa], [w.lower() for w in wb]
-    if _numbers(la) != _numbers(lb):
+    if _numbers(la) != _numbers(lb) or _rebound(_counted(la), _counted(lb)):
         return "numbers"
     if _negations(la) % 2 != _negations(lb) % 2:
         return "negation"
@@ -172,6 +174,23 @@ def _reworded(a: list[str], b: list[str], similarity: float) -> str | None:
 def _numbers(lower: list[str]) -> Counter[str]:
     return Counter(NUMBER_WORDS.get(w, w).replace(",", "") for w in lower
                    if w[0].isdigit() or w in NUMBER_WORDS)
+
+
+def _counted(lower: list[str]) -> dict[str, str]:
+    """Each number's counted word, where the word after it is a content word:
+    "how many cups are in 5 pints" -> {"5": "pints"}."""
+    found: dict[str, str] = {}
+    for w, after in zip(lower, lower[1:]):
+        if (w[0].isdigit() or w in NUMBER_WORDS) and after not in FUNCTION_WORDS and not (
+                after[0].isdigit() or after in NUMBER_WORDS):
+            found.setdefault(NUMBER_WORDS.get(w, w).replace(",", ""), after)
+    return found
+
+
+def _rebound(a: dict[str, str], b: dict[str, str]) -> bool:
+    """A number that counts one thing in one text and another in the other
+    ("5 pints" / "5 cups"), unless the two are synonyms or inflections."""
+    return any(n in b and not are_synonyms(word, b[n]) for n, word in a.items())
 
 
 def _negations(lower: list[str]) -> int:

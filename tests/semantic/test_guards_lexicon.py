@@ -33,6 +33,10 @@ VETOED = [
      "comparison"),
     ("Which car uses more fuel, a sedan or a van?", "Which car is quieter, a sedan or a van?",
      "comparison"),
+    # a number that counts another thing
+    ("How many cups are in 3 gallons?", "How many gallons are in 3 cups?", "numbers"),
+    ("How many yen do I get for 200 rupees?", "How many rupees do I get for 200 yen?",
+     "numbers"),
     # "please" as the word asked about, not as politeness
     ("How do you say please in Hindi?", "How do you say hello in Hindi?", "substitution"),
     ("What is the Hindi word for please?", "What is the Hindi word for goodbye?",
@@ -47,6 +51,7 @@ ALLOWED = [
     ("How do I update Firefox on Android?", "How to update Firefox on Android?"),
     ("What is the meaning of the word quixotic?", "What does quixotic mean?"),
     ("How do I switch on dark mode?", "How do I turn on dark mode?"),
+    ("How many grams are in 3 pounds?", "3 pounds is how many grams?"),
 ]
 
 
