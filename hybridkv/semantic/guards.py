@@ -83,12 +83,14 @@ def conflicts(a: str, b: str, similarity: float = 1.0) -> str | None:
     two texts' embedding similarity (only the rewording check reads it)."""
     wa, wb = words(a), words(b)
     la, lb = [w.lower() for w in wa], [w.lower() for w in wb]
-    if _numbers(la) != _numbers(lb) or _rebound(_counted(la), _counted(lb)):
+    if _numbers(la) != _numbers(lb):
         return "numbers"
     if _negations(la) % 2 != _negations(lb) % 2:
         return "negation"
     if _swapped(_anchors(wa, la), _anchors(wb, lb)):
         return "order"
+    if _rebound(_counted(la), _counted(lb)):
+        return "numbers"
     only_a, only_b = _difference(la, lb)
     if _opposite(only_a, only_b):
         return "opposite"
