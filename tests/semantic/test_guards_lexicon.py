@@ -34,8 +34,8 @@ VETOED = [
     ("Which car uses more fuel, a sedan or a van?", "Which car is quieter, a sedan or a van?",
      "comparison"),
     # a number that counts another thing
-    ("How many cups are in 3 gallons?", "How many gallons are in 3 cups?", "numbers"),
-    ("How many yen do I get for 200 rupees?", "How many rupees do I get for 200 yen?",
+    ("How many pecks are in 3 bushels?", "How many bushels are in 3 pecks?", "numbers"),
+    ("How many lira do I get for 200 rupees?", "How many rupees do I get for 200 lira?",
      "numbers"),
     # "please" as the word asked about, not as politeness
     ("How do you say please in Hindi?", "How do you say hello in Hindi?", "substitution"),
@@ -51,7 +51,7 @@ ALLOWED = [
     ("How do I update Firefox on Android?", "How to update Firefox on Android?"),
     ("What is the meaning of the word quixotic?", "What does quixotic mean?"),
     ("How do I switch on dark mode?", "How do I turn on dark mode?"),
-    ("How many grams are in 3 pounds?", "3 pounds is how many grams?"),
+    ("How many pecks are in 3 bushels?", "3 bushels is how many pecks?"),
 ]
 
 
