@@ -1,7 +1,8 @@
 """The word lists and the small morphology behind the lexical vetoes.
 
-No package on PyPI ships English antonyms inside its wheel (WordNet readers
-download their data at run time), so the opposites here are a hand-written
+Of the PyPI packages looked at, none ships English antonyms inside its
+wheel (`nltk` and `wn` download WordNet at run time; `wordnet-lookup` holds
+word lists and suffixes only), so the opposites here are a hand-written
 table of common English pairs in their base forms. Inflected forms are
 matched through `bases`, which undoes regular endings: "heavier" -> heavy,
 "closes" -> close, "opened" -> open, "bigger" -> big. Comparatives are
@@ -61,7 +62,8 @@ ACTIONS = (
     ("speed", "slow"), ("join", "leave"), ("connect", "disconnect"), ("cause", "prevent"),
     ("cause", "cure"), ("convert", "revert"))
 SIDES = (  # times, places, people, and the two sides of a question
-    ("past", "future"), ("yesterday", "tomorrow"), ("morning", "evening"), ("day", "night"),
+    ("past", "future"), ("am", "pm"), ("yesterday", "tomorrow"), ("morning", "evening"),
+    ("day", "night"),
     ("summer", "winter"), ("north", "south"), ("east", "west"), ("left", "right"),
     ("always", "never"), ("everything", "nothing"), ("all", "none"), ("everyone", "nobody"),
     ("male", "female"), ("man", "woman"), ("men", "women"), ("boy", "girl"),

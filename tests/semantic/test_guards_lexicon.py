@@ -16,6 +16,7 @@ VETOED = [
      "opposite"),
     ("Are mortgage rates rising this year?", "Are mortgage rates falling this year?",
      "opposite"),
+    ("Is the 7 am bus to Galway on time?", "Is the 7 pm bus to Galway on time?", "opposite"),
     # particles that flip the request
     ("How do I log in to my bank account?", "How do I log out of my bank account?",
      "particle"),
