@@ -1,12 +1,13 @@
 """Which CPU cores the engine thread may run on (`hybridkv serve --cpu-bind`).
 
 The engine thread runs every model step; the event loop and the text threads around it
-need a core only briefly per step. On a busy machine an unbound engine thread spent a
-large share of its time runnable but waiting for a core (benchmarks/RESULTS.md); bound
-to a core of its own, it keeps its caches there and the kernel balances other work onto
-the remaining cores. vLLM's CPU worker binds itself by default: its compute threads to
-all cores but one, that one left to the rest of the server (`VLLM_CPU_OMP_THREADS_BIND`
-`auto`, one core reserved).
+need a core only briefly per step. vLLM's CPU worker binds itself by default: its compute
+threads to all cores but one, that one left to the rest of the server
+(`VLLM_CPU_OMP_THREADS_BIND` `auto`, one core reserved); this option does the same for
+the engine thread, so the two servers can be compared placed alike. On a busy shared
+machine an engine thread spent about half its time runnable but waiting for a core,
+bound or not, and binding showed no consistent effect on throughput
+(benchmarks/RESULTS.md, "Served decode, and the `random` workload").
 
 `--cpu-bind none` (the default) leaves the scheduler alone: several servers on one
 machine would otherwise all bind the same cores. `auto` binds the engine thread to the
