@@ -17,6 +17,10 @@ Steps of at least `MIN_ROWS` rows use them (a single row is as fast unpacked). O
 weights of at least `MIN_WEIGHT_ELEMENTS` are packed: for smaller ones
 oneDNN's per-call cost exceeds what the layout saves (measured, 8 rows: a 64 x 128 weight
 0.55x, 256 x 256 1.36x). The copies are taken once: weights changed afterwards are not seen.
+
+Projections that read the same input (q, k and v; gate and up) can be packed stacked into
+one matrix (`add_fused`), so a step runs one product per group, as vLLM's fused layers do;
+each output is then a column slice of that product.
 """
 
 from __future__ import annotations
