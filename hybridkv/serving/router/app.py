@@ -82,14 +82,14 @@ def load_local_tokenizer(path: str) -> Any:
 
 
 def local_tokens(tokenizer: Any, query: dict[str, Any]) -> list[int]:
-    """Token ids of a prompt or chat messages as a backend renders them ([] when
-    they cannot be rendered: the backend will say why)."""
+    """Token ids of a prompt or chat messages as a backend renders them (the
+    server's own `render_chat`; [] when they cannot be rendered: the backend
+    will say why)."""
+    from hybridkv.engine.chat import render_chat
+
     try:
         if "messages" in query:
-            ids = tokenizer.apply_chat_template(query["messages"], add_generation_prompt=True,
-                                                tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-            return [int(t) for t in ids]
+            return render_chat(tokenizer, query["messages"])
         prompt = query.get("prompt")
         return list(tokenizer(prompt).input_ids) if isinstance(prompt, str) else []
     except Exception:  # noqa: BLE001 - bad messages: routed by load, refused by the backend
