@@ -15,10 +15,14 @@ medians are listed.
     PYTHONPATH=. python benchmarks/bench_router_overhead.py --out /tmp/overhead \\
         --model gemma3-tiny --rounds 200
 
-Targets: `direct`; `hybridkv:POLICY` (tokenizing through the backend's
-`/tokenize`) and `hybridkv:POLICY+tok` (`--tokenizer DIR`, the preset's
-tokenizer written as a directory); `vllm-router:cache_aware`,
-`sglang-router:cache_aware` (the peer routers' venv, see bench_routers.py).
+Targets: `direct` (through the shim only); `server` (the backend itself, no
+shim: the cost of one Python proxy hop is `direct` minus `server`);
+`hybridkv:POLICY` (tokenizing through the backend's `/tokenize`) and
+`hybridkv:POLICY+tok` (`--tokenizer DIR`, the preset's tokenizer written as a
+directory); `hybridkv:POLICY+tok-fast`, the same run by `--router-python` (a
+Python with uvloop and httptools, which uvicorn then uses); and
+`vllm-router:cache_aware`, `sglang-router:cache_aware` (the peer routers'
+venv, see bench_routers.py).
 """
 
 from __future__ import annotations
