@@ -40,6 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from hybridkv.engine.chat import render_chat
 from hybridkv.serving.errors import install_error_handlers
 from hybridkv.serving.router.backends import Backends
 from hybridkv.serving.router.event_stream import EventStreams
@@ -72,21 +73,22 @@ def error(status: int, message: str, param: str | None = None, code: str | None 
 
 
 def load_local_tokenizer(path: str) -> Any:
-    """The tokenizer (and chat template) in a model directory; ValueError if none."""
+    """The tokenizer (and chat template) in a model directory, used once so that the
+    first request pays no one-time cost (template compiling); ValueError if none."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
         raise ValueError(f"--tokenizer {path!r}: no tokenizer there ({err})") from None
+    local_tokens(tokenizer, {"messages": [{"role": "user", "content": "warm up"}]})
+    return tokenizer
 
 
 def local_tokens(tokenizer: Any, query: dict[str, Any]) -> list[int]:
     """Token ids of a prompt or chat messages as a backend renders them (the
     server's own `render_chat`; [] when they cannot be rendered: the backend
     will say why)."""
-    from hybridkv.engine.chat import render_chat
-
     try:
         if "messages" in query:
             return render_chat(tokenizer, query["messages"])
