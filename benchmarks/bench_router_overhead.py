@@ -57,9 +57,11 @@ TARGETS = ["direct", "hybridkv:hybrid-prefix", "hybridkv:hybrid-prefix+tok",
            "sglang-router:cache_aware"]
 
 
-def start_routers(args, backends, log_dir: str, tokenizer_dir: str) -> dict[str, tuple]:
-    """Target name -> (URL, Process or None) for every target, all started."""
-    out: dict[str, tuple] = {"direct": (backends[0].url, None)}
+def start_routers(args, backends, log_dir: str, tokenizer_dir: str,
+                  out: dict[str, tuple]) -> None:
+    """Fill `out`: target name -> (URL, Process or None) for every target, all
+    started (those started before a failure stay in `out`, to be stopped)."""
+    out["direct"] = (backends[0].url, None)
     for name in args.targets.split(","):
         if name == "server":  # the backend itself, without the field shim's hop
             out[name] = (backends[0].server_url, None)
@@ -76,7 +78,6 @@ def start_routers(args, backends, log_dir: str, tokenizer_dir: str) -> dict[str,
     for url, proc in out.values():
         if proc is not None:
             wait_health(url, proc.proc, 120)
-    return out
 
 
 async def one(client: httpx.AsyncClient, url: str, body: dict) -> dict:
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
     backends, shim = start_backends(args, log_dir)
     targets: dict[str, tuple] = {}
     try:
-        targets = start_routers(args, backends, log_dir, tokenizer_dir)
+        start_routers(args, backends, log_dir, tokenizer_dir, targets)
         time.sleep(2.0)
         result = summarize(asyncio.run(measure(targets, args)))
     finally:
