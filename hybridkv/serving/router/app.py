@@ -136,8 +136,11 @@ class RouterApp:
         self.auth = {} if backend_api_key is None else \
             {"Authorization": f"Bearer {backend_api_key}"}
         self.tokenizer = load_local_tokenizer(tokenizer_dir) if tokenizer_dir else None
+        # every connection stays open for reuse (httpx keeps 20 by default: past 20
+        # concurrent streams each new request would connect again)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=2.0),
-                                        limits=httpx.Limits(max_connections=1000),
+                                        limits=httpx.Limits(max_connections=1000,
+                                                            max_keepalive_connections=1000),
                                         headers=self.auth)
         self.metrics = RouterMetrics(router)
         self.streams = EventStreams(events_url, router) if events_url else None
