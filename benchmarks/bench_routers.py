@@ -302,6 +302,18 @@ def summarize(result: Result, seconds: float, before: list[dict], after: list[di
             "per_backend": delta}
 
 
+def router_full_collections(url: str) -> float:
+    """Full (generation 2) garbage collections `hybridkv route` has run so far."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            if sample.name == "python_gc_collections_total" and \
+                    sample.labels.get("generation") == "2":
+                return sample.value
+    return float("nan")
+
+
 def run_router(name: str, args, log_dir: str) -> dict:
     backends, shim = start_backends(args, log_dir)
     port = free_port()
@@ -319,6 +331,8 @@ def run_router(name: str, args, log_dir: str) -> dict:
         time.sleep(0.5)
         after = [backend_counters(b.server_url) for b in backends]
         summary = summarize(result, seconds, before, after)
+        if name.startswith("hybridkv:"):
+            summary["router_full_gc_collections"] = router_full_collections(url)
         summary["fields_dropped_by_shim"] = [httpx.get(f"{b.url}/shim/stats").json()["dropped"]
                                              for b in backends]
         return summary
