@@ -9,6 +9,16 @@ is a document; Zipf popularity), several turns each (a turn re-sends the
 conversation with the real answer and waits for it plus a think time),
 conversations starting at Poisson times.
 
+Settings (`--setting`): `light` (about 3 requests/s, nothing queues) and
+`loaded` (longer documents, twice the arrivals, more conversations: the
+backends queue). Models: any preset, or `full-attention-tiny` (a Qwen2
+checkpoint with full attention on every layer, written into --out with the
+preset's tokenizer; the backends serve it under that name). `hybridkv route`
+tokenizes with the model's tokenizer directory (`--tokenizer`, the preset's
+written out; `--router-tokenize backend` sends each prompt to a backend's
+`/tokenize` instead). `--rotate K` starts the router list at position K, so
+repeated runs vary the order; `routers_report.py` takes the medians.
+
 Per router: the cluster prefix hit rate (backends' own counters: prompt
 tokens reused / looked up), TTFT p50/p99 (send to the first streamed
 content), throughput (requests and output tokens per second of the run),
@@ -21,7 +31,7 @@ The peer routers come from PyPI, in their own venv (not a dependency):
     /work/venvs/routers/bin/pip install vllm-router sglang-router
 
     PYTHONPATH=. python benchmarks/bench_routers.py --out /tmp/bench-routers \\
-        --model gemma3-tiny --backends 3
+        --model gemma3-tiny --setting loaded --backends 3
 
 Backends publish on `tcp://*:PORT` (bound; the routers connect to
 127.0.0.1). The Rust routers add SGLang fields to the bodies they forward
