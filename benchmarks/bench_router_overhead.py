@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = prepare_out(args.out)
     log_dir = os.path.join(out, "logs")
     os.makedirs(log_dir, exist_ok=True)
-    args.backends, args.num_blocks = 1, 400
+    args.backends, args.num_blocks, args.model_path = 1, 400, args.model
     tokenizer_dir = tempfile.mkdtemp(prefix="hybridkv-tok-")
     save_preset_tokenizer(tokenizer_dir, args.model)
     backends, shim = start_backends(args, log_dir)
