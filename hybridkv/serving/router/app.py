@@ -40,7 +40,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hybridkv.engine.chat import render_chat
 from hybridkv.serving.errors import install_error_handlers
 from hybridkv.serving.router.backends import Backends
 from hybridkv.serving.router.event_stream import EventStreams
@@ -86,12 +85,14 @@ def load_local_tokenizer(path: str) -> Any:
 
 
 def local_tokens(tokenizer: Any, query: dict[str, Any]) -> list[int]:
-    """Token ids of a prompt or chat messages as a backend renders them (the
-    server's own `render_chat`; [] when they cannot be rendered: the backend
-    will say why)."""
+    """Token ids of a prompt or chat messages as a backend renders them ([] when
+    they cannot be rendered: the backend will say why)."""
     try:
         if "messages" in query:
-            return render_chat(tokenizer, query["messages"])
+            ids = tokenizer.apply_chat_template(query["messages"], add_generation_prompt=True,
+                                                tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            return [int(t) for t in ids]
         prompt = query.get("prompt")
         return list(tokenizer(prompt).input_ids) if isinstance(prompt, str) else []
     except Exception:  # noqa: BLE001 - bad messages: routed by load, refused by the backend
