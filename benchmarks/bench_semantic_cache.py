@@ -32,7 +32,7 @@ import semantic_eval as se
 import semantic_latency
 from common import add_common_args, machine, prepare_out, write_result
 
-from hybridkv.semantic import heldout_pairs, labeled_pairs
+from hybridkv.semantic import heldout2_pairs, heldout3_pairs, heldout_pairs, labeled_pairs
 from hybridkv.semantic.cache import SemanticCache
 from hybridkv.semantic.embedding import load_embedder
 from hybridkv.semantic.memory_store import MemoryStore
@@ -43,7 +43,8 @@ THRESHOLDS = (0.8, 0.85, 0.875, 0.9, 0.925, 0.95, 0.97, 0.98, 0.99, 0.995)
 DEFAULT_THRESHOLD = 0.9
 
 
-QUESTION_SETS = {"generated": labeled_pairs.questions, "heldout": heldout_pairs.questions}
+QUESTION_SETS = {"generated": labeled_pairs.questions, "heldout": heldout_pairs.questions,
+                 "heldout2": heldout2_pairs.questions, "heldout3": heldout3_pairs.questions}
 
 
 def make_streams(name: str, families: int, seeds: list[int]) -> list[list]:
@@ -140,7 +141,9 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--set", default="generated", choices=sorted(QUESTION_SETS),
                     help="generated: the set the vetoes were developed on; heldout: "
-                         "families and templates they were not")
+                         "families and templates they were first judged on, then "
+                         "developed on; heldout2, heldout3: sets written and frozen "
+                         "before the vetoes were first run on them")
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--lookups", type=int, default=2000)
     ap.add_argument("--gptcache", default=None, metavar="PYTHON",

@@ -81,7 +81,7 @@ def run(questions, embedder, *, threshold: float, error_bound: float | None = No
     if not guards:
         import hybridkv.semantic.cache as cache_module
 
-        saved, cache_module.conflicts = cache_module.conflicts, lambda a, b: None
+        saved, cache_module.conflicts = cache_module.conflicts, lambda a, b, s=1.0: None
     try:
         return _play(cache, questions)
     finally:

@@ -131,7 +131,7 @@ class SemanticCache:
                 continue
             entry = self.store.get(entry_id)
             fetched += 1
-            if entry is None or entry.scope != scope or conflicts(text, entry.text):
+            if entry is None or entry.scope != scope or conflicts(text, entry.text, similarity):
                 continue
             found.entry, found.similarity = entry, similarity
             found.action = self.policy.decide(entry_id, similarity)

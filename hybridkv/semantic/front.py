@@ -5,11 +5,12 @@ one call wraps a completion or chat handler.
     return await front.handle(body_dict, chat, authorization, run_model)
 
 Not reusable or opted out: `run_model()` as it is, no header. A hit: the
-stored answer, streamed or whole, header `x-hybridkv-semantic-cache: hit;
-similarity=0.93`. Otherwise `run_model()`, header `...: miss`; once its
-answer is complete (the whole body read, or the stream's last event passed
-to the client) the answer is stored, and for a candidate picked for
-verification compared with the candidate's. A failing store costs a miss.
+stored answer, whole or as server-sent events (all in one body), header
+`x-hybridkv-semantic-cache: hit; similarity=0.93`. Otherwise `run_model()`,
+header `...: miss`; once its answer is complete (the whole body read, or
+the stream's last event passed to the client) the answer is stored, and for
+a candidate picked for verification compared with the candidate's. A
+failing store costs a miss.
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ class SemanticFront:
             return JSONResponse(hit_body(chat, model, answer, use), headers=headers)
         options = body.get("stream_options") or {}
         with_usage = use if isinstance(options, dict) and options.get("include_usage") else None
-        return StreamingResponse(_aiter(hit_events(chat, model, answer, with_usage)),
-                                 media_type="text/event-stream",
-                                 headers={**headers, "Cache-Control": "no-cache"})
+        # the whole answer is known: every event in one body, written at once (a
+        # streamed reply would cost a socket write and a client wake-up per event)
+        events = "".join(hit_events(chat, model, answer, with_usage))
+        return Response(events, media_type="text/event-stream",
+                        headers={**headers, "Cache-Control": "no-cache"})
 
     def _tokens(self, text: str) -> int:
         if self.count_tokens is None:
@@ -120,7 +123,3 @@ class SemanticFront:
             logger.exception("semantic cache: %s failed; treated as a miss", work.__name__)
             return None
 
-
-async def _aiter(items: Any) -> AsyncIterator[str]:
-    for item in items:
-        yield item

@@ -8,6 +8,18 @@ from collections.abc import Callable
 from typing import Any
 
 DEFAULT_THRESHOLD = 0.9
+DEFAULT_ERROR_BOUND = 0.01
+
+
+def error_bound(text: str) -> float | None:
+    """`--semantic-error-bound`: a number, or `none` for the fixed threshold alone."""
+    if text.strip().lower() in ("none", "off"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number in (0, 1) or 'none', got {text!r}") from None
 
 
 def add_semantic_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,12 +31,15 @@ def add_semantic_arguments(p: argparse.ArgumentParser) -> None:
                    help="a local sentence-transformers directory (default: the static "
                         "model bundled in the wordllama package)")
     p.add_argument("--semantic-threshold", type=float, default=DEFAULT_THRESHOLD,
-                   help="cosine similarity at or above which an entry answers "
-                        f"(default {DEFAULT_THRESHOLD})")
-    p.add_argument("--semantic-error-bound", type=float, default=None, metavar="DELTA",
-                   help="learn thresholds online: sometimes run the model on a candidate "
-                        "hit and compare, so that at most DELTA of served hits are wrong "
-                        "(e.g. 0.01)")
+                   help="with --semantic-error-bound none: cosine similarity at or above "
+                        f"which an entry answers (default {DEFAULT_THRESHOLD}); while "
+                        "learning, candidates below min(0.8, this) are not looked at")
+    p.add_argument("--semantic-error-bound", type=error_bound, default=DEFAULT_ERROR_BOUND,
+                   metavar="DELTA",
+                   help="learn thresholds online: run the model on candidate hits and "
+                        "compare until at most DELTA of served hits are estimated wrong "
+                        f"(default {DEFAULT_ERROR_BOUND}); 'none': serve every candidate "
+                        "at or above --semantic-threshold")
 
 
 def build_front(args: argparse.Namespace, model_name: str, registry: Any,

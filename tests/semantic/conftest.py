@@ -28,9 +28,11 @@ def semantic_redis(tmp_path_factory):
     server.stop()
 
 
-def _start(checkpoint, logs, url):
+def _start(checkpoint, logs, url, *extra):
+    """A server whose cache serves every candidate at or above the fixed threshold
+    (`--semantic-error-bound none`), so that one paraphrase is enough to hit."""
     return serve(str(checkpoint), "--served-model-name", MODEL, "--semantic-cache", url,
-                 log_dir=logs, wait=False)
+                 "--semantic-error-bound", "none", *extra, log_dir=logs, wait=False)
 
 
 @pytest.fixture(scope="session")

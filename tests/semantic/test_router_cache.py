@@ -9,7 +9,8 @@ from test_serving_cache import ask, unique
 @pytest.fixture(scope="module")
 def router(cached_pair, semantic_logs):
     proc = ServerProcess(["route", "--backend", cached_pair[0].url, "--check-interval", "0.3",
-                          "--semantic-cache", "memory://?size=100"], log_dir=semantic_logs)
+                          "--semantic-cache", "memory://?size=100",
+                          "--semantic-error-bound", "none"], log_dir=semantic_logs)
     yield proc
     proc.stop()
 

@@ -9,6 +9,7 @@ from hybridkv.kv_cache.block_pool import Block, BlockPool
 from hybridkv.kv_cache.eviction import JUNCTION, LOW_VALUE, NORMAL_VALUE
 from hybridkv.kv_cache.managers.base import Lookup, SingleTypeManager
 from hybridkv.kv_cache.managers.protection import Protection
+from hybridkv.kv_cache.managers.tail_margin import TailMargin
 from hybridkv.kv_cache.request import Request
 from hybridkv.kv_cache.specs import SlidingWindowSpec
 
@@ -31,15 +32,18 @@ class SlidingWindowManager(SingleTypeManager):
     accepts_lookup = True
     spec: SlidingWindowSpec
     # prompts often end in a unique suffix (a question, a new turn) after the part
-    # later prompts share: keep the windows of stops this close before the prompt end
-    # (measured on the policy grid: docs/eviction.md, "Why the tail margin")
+    # later prompts share: keep the windows of stops at most this close before the
+    # prompt end, closer when the requests that branch show shorter suffixes
+    # (`TailMargin`; measured: docs/eviction.md, "Why the tail margin")
     tail_margin_tokens: ClassVar[int] = 192
+    tail_history: ClassVar[int] = 64  # the branching requests the margin is learned from
 
     def __init__(self, spec: SlidingWindowSpec, group_id: int, pool: BlockPool,
                  hash_block_size: int, enable_caching: bool = True) -> None:
         super().__init__(spec, group_id, pool, hash_block_size, enable_caching)
         self.num_kept_head_blocks = spec.num_sink_blocks
         self.protection = Protection(self.protects)
+        self.tail_margin = TailMargin(self.tail_margin_tokens, self.tail_history)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
                                lookup: Lookup | None = None) -> list[Block]:
@@ -102,8 +106,16 @@ class SlidingWindowManager(SingleTypeManager):
         shared = junction // bs
         if shared - need <= i < shared:
             return True
-        prompt = request.num_prompt_tokens // bs
-        return prompt - need - self.tail_margin_tokens // bs <= i < prompt
+        prompts = request.num_prompt_tokens
+        return self.tail_margin.first_stop(prompts, bs) - need <= i < prompts // bs
+
+    def learn_tail(self, request: Request, junction: int) -> None:
+        """Show the tail margin how far before its prompt end the request branched
+        off cached data, where it did (`branches_at`). Mutates `tail_margin`."""
+        tail = max(0, request.num_prompt_tokens - junction)
+        if junction > 0 and self.tail_margin.counts(request.request_id, tail) \
+                and self.branches_at(request, junction):
+            self.tail_margin.observe(request.request_id, tail)
 
     def rate_released(self, request: Request, junction: int, blocks: list[Block], start: int,
                       end: int) -> None:
@@ -113,8 +125,9 @@ class SlidingWindowManager(SingleTypeManager):
         first and keep the window stranded. And only where prompts branch
         (`branches_at`): where the cached data simply ended there (an agent's or a
         chat's previous step), the next step passes through it and needs the window at
-        this request's end instead. The windows of stops in the prompt's tail keep their
-        rating; the rest is low value (the window of the request's end too: a next
+        this request's end instead. The windows of stops in the prompt's tail (the last
+        `tail_margin.tokens` tokens, learned from the requests that branch: `learn_tail`)
+        keep their rating; the rest is low value (the window of the request's end too: a next
         turn that resumes there finds the prompt end's window a few blocks before).
 
         Kept blocks before the junction that no hit used were recomputed while the
@@ -122,6 +135,7 @@ class SlidingWindowManager(SingleTypeManager):
         counts a hit on them): they count that hit too. Left never hit, they would go
         before the prefix blocks they complete, and the next prompt on the prefix
         would stop at the same point again."""
+        self.learn_tail(request, junction)
         bs, need, null = self.block_size, self.spec.num_window_blocks, self.null_block
         shared = junction // bs
         j_lo = shared - need  # the window of the junction: rated a junction
@@ -130,7 +144,7 @@ class SlidingWindowManager(SingleTypeManager):
         prompt = request.num_prompt_tokens // bs
         # kept as they are: the windows of the stops in the prompt's tail (which hold
         # the prompt end's); the rest is low value
-        t_lo = prompt - need - self.tail_margin_tokens // bs
+        t_lo = self.tail_margin.first_stop(request.num_prompt_tokens, bs) - need
         # positions between the kept head (sink blocks) and the skipped ones are null
         head = min(end, self.num_kept_head_blocks)
         skipped = self.num_skipped.get(request.request_id, head)
@@ -145,6 +159,10 @@ class SlidingWindowManager(SingleTypeManager):
                     block.value_hint = LOW_VALUE
                 if i < shared and not block.num_hits and block.value_hint != LOW_VALUE:
                     block.num_hits = 1  # recomputed with the prefix: as hit as its blocks
+
+    def check_integrity(self) -> None:
+        super().check_integrity()
+        self.tail_margin.check_integrity()
 
     def max_quiet_computed(self, request: Request) -> int:
         # (c - W + 1) // B <= start  <=>  c <= (start + 1) * B + W - 2
