@@ -9,6 +9,16 @@ is a document; Zipf popularity), several turns each (a turn re-sends the
 conversation with the real answer and waits for it plus a think time),
 conversations starting at Poisson times.
 
+Settings (`--setting`): `light` (about 3 requests/s, nothing queues) and
+`loaded` (longer documents, twice the arrivals, more conversations: the
+backends queue). Models: any preset, or `full-attention-tiny` (a Qwen2
+checkpoint with full attention on every layer, written into --out with the
+preset's tokenizer; the backends serve it under that name). `hybridkv route`
+tokenizes with the model's tokenizer directory (`--tokenizer`, the preset's
+written out; `--router-tokenize backend` sends each prompt to a backend's
+`/tokenize` instead). `--rotate K` starts the router list at position K, so
+repeated runs vary the order; `routers_report.py` takes the medians.
+
 Per router: the cluster prefix hit rate (backends' own counters: prompt
 tokens reused / looked up), TTFT p50/p99 (send to the first streamed
 content), throughput (requests and output tokens per second of the run),
@@ -21,7 +31,7 @@ The peer routers come from PyPI, in their own venv (not a dependency):
     /work/venvs/routers/bin/pip install vllm-router sglang-router
 
     PYTHONPATH=. python benchmarks/bench_routers.py --out /tmp/bench-routers \\
-        --model gemma3-tiny --backends 3
+        --model gemma3-tiny --setting loaded --backends 3
 
 Backends publish on `tcp://*:PORT` (bound; the routers connect to
 127.0.0.1). The Rust routers add SGLang fields to the bodies they forward
@@ -109,9 +119,10 @@ def start_backends(args, log_dir: str) -> tuple[list[Backend], Process]:
         port, pub, replay = free_port(), free_port(), free_port()
         config = {"enable_kv_cache_events": True, "publisher": "zmq",
                   "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
-        argv = [sys.executable, "-m", "hybridkv.tools.cli", "serve", args.model, "--port",
-                str(port), "--threads", "1", "--num-blocks", str(args.num_blocks),
-                "--log-level", "warning", "--kv-events-config", json.dumps(config)]
+        argv = [sys.executable, "-m", "hybridkv.tools.cli", "serve", args.model_path,
+                "--served-model-name", args.model, "--port", str(port), "--threads", "1",
+                "--num-blocks", str(args.num_blocks), "--log-level", "warning",
+                "--kv-events-config", json.dumps(config)]
         out.append(Backend(f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{port}",
                            pub, replay,
                            Process(argv, os.path.join(log_dir, f"backend{i}.log"))))
@@ -125,13 +136,13 @@ def start_backends(args, log_dir: str) -> tuple[list[Backend], Process]:
 
 
 def router_argv(name: str, port: int, backends: list[Backend], venv: str,
-                model: str) -> list[str]:
+                model: str, python: str = sys.executable) -> list[str]:
     kind, policy = name.split(":")
     urls = [b.url for b in backends]
     sources = [f"{b.url}=tcp://127.0.0.1:{b.pub}" for b in backends]
     replays = [f"{b.url}=tcp://127.0.0.1:{b.replay}" for b in backends]
     if kind == "hybridkv":
-        argv = [sys.executable, "-m", "hybridkv.tools.cli", "route", "--policy", policy,
+        argv = [python, "-m", "hybridkv.tools.cli", "route", "--policy", policy,
                 "--port", str(port), "--check-interval", "0.5", "--log-level", "warning"]
         for url, source, replay in zip(urls, sources, replays):
             argv += ["--backend", url, "--kv-event-source", source,
@@ -139,15 +150,16 @@ def router_argv(name: str, port: int, backends: list[Backend], venv: str,
         return argv
     if kind == "vllm-router":
         argv = [os.path.join(venv, "bin", "vllm-router"), "--host", "127.0.0.1", "--port",
-                str(port), "--policy", policy, "--worker-urls", *urls]
+                str(port), "--prometheus-port", str(free_port()), "--policy", policy,
+                "--worker-urls", *urls]
         if policy == "kv_aware":
             for source, replay in zip(sources, replays):
                 argv += ["--kv-event-source", source, "--kv-event-replay-source", replay]
             argv += ["--kv-event-block-size", "16", "--kv-event-model", model]
         return argv
     return [os.path.join(venv, "bin", "python"), "-m", "sglang_router.launch_router",
-            "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
-            "--worker-urls", *urls]
+            "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
+            "--policy", policy, "--worker-urls", *urls]
 
 
 # ---- workload ----------------------------------------------------------------------
@@ -300,12 +312,26 @@ def summarize(result: Result, seconds: float, before: list[dict], after: list[di
             "per_backend": delta}
 
 
+def router_full_collections(url: str) -> float:
+    """Full (generation 2) garbage collections `hybridkv route` has run so far."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            if sample.name == "python_gc_collections_total" and \
+                    sample.labels.get("generation") == "2":
+                return sample.value
+    return float("nan")
+
+
 def run_router(name: str, args, log_dir: str) -> dict:
     backends, shim = start_backends(args, log_dir)
     port = free_port()
     tag = name.replace(":", "-")
-    router = Process(router_argv(name, port, backends, args.venv, args.model),
-                     os.path.join(log_dir, f"router-{tag}.log"))
+    argv = router_argv(name, port, backends, args.venv, args.model)
+    if name.startswith("hybridkv:") and args.tokenizer_dir:
+        argv += ["--tokenizer", args.tokenizer_dir]
+    router = Process(argv, os.path.join(log_dir, f"router-{tag}.log"))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_health(url, router.proc, 120)
@@ -315,6 +341,8 @@ def run_router(name: str, args, log_dir: str) -> dict:
         time.sleep(0.5)
         after = [backend_counters(b.server_url) for b in backends]
         summary = summarize(result, seconds, before, after)
+        if name.startswith("hybridkv:"):
+            summary["router_full_gc_collections"] = router_full_collections(url)
         summary["fields_dropped_by_shim"] = [httpx.get(f"{b.url}/shim/stats").json()["dropped"]
                                              for b in backends]
         return summary
@@ -347,38 +375,92 @@ def plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
+# workload settings: `light` (about 3 requests/s, nothing queues: TTFT is the
+# router's path plus a small prefill) and `loaded` (longer documents, faster
+# arrivals and more conversations: the backends queue, so where the cache is
+# and how the load is spread decide TTFT)
+SETTINGS = {
+    "light": {"documents": 8, "document_words": 120, "conversations": 24, "rate": 1.5,
+              "think": 0.5, "max_tokens": 12},
+    "loaded": {"documents": 12, "document_words": 360, "conversations": 40, "rate": 3.0,
+               "think": 0.3, "max_tokens": 16},
+}
+FULL_ATTENTION = "full-attention-tiny"  # --model: a Qwen2 checkpoint written for the run
+
+
+def resolve_model(args, work_dir: str) -> None:
+    """Set `args.model_path` (what the backends load) and `args.tokenizer_dir`
+    (`hybridkv route --tokenizer`, or None to tokenize through the backends)."""
+    from hybridkv.tools.tokenizer_checkpoint import (
+        save_full_attention_checkpoint,
+        save_preset_tokenizer,
+    )
+
+    if args.model == FULL_ATTENTION:
+        args.model_path = str(save_full_attention_checkpoint(os.path.join(work_dir, "ckpt")))
+        tokenizer = args.model_path
+    else:
+        args.model_path = args.model
+        tokenizer = str(save_preset_tokenizer(os.path.join(work_dir, "tokenizer"), args.model))
+    args.tokenizer_dir = tokenizer if args.router_tokenize == "local" else None
+
+
+def apply_setting(args) -> None:
+    """Workload options left unset take the values of `--setting`."""
+    for name, value in SETTINGS[args.setting].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, metavar="DIR")
-    ap.add_argument("--model", default="gemma3-tiny")
+    ap.add_argument("--model", default="gemma3-tiny",
+                    help=f"a preset, or {FULL_ATTENTION} (a full-attention Qwen2 checkpoint)")
     ap.add_argument("--backends", type=int, default=3)
     ap.add_argument("--num-blocks", type=int, default=400, help="each backend's pool")
     ap.add_argument("--routers", default=",".join(ROUTERS))
+    ap.add_argument("--rotate", type=int, default=0,
+                    help="start the router list at this position (vary the order across runs)")
     ap.add_argument("--venv", default="/work/venvs/routers", help="where the peer routers are")
-    ap.add_argument("--documents", type=int, default=8)
-    ap.add_argument("--document-words", type=int, default=120)
+    ap.add_argument("--router-tokenize", choices=("local", "backend"), default="local",
+                    help="hybridkv route tokenizes with the model's tokenizer directory "
+                         "(--tokenizer, what a deployment does) or through a backend's "
+                         "/tokenize")
+    ap.add_argument("--setting", choices=tuple(SETTINGS), default="light")
+    for name in SETTINGS["light"]:
+        kind = float if name in ("rate", "think") else int
+        ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
+                        help=f"default: the setting's ({SETTINGS['light'][name]} when light, "
+                             f"{SETTINGS['loaded'][name]} when loaded)")
     ap.add_argument("--zipf", type=float, default=1.1)
-    ap.add_argument("--conversations", type=int, default=18)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--question-words", type=int, default=12)
-    ap.add_argument("--max-tokens", type=int, default=12)
-    ap.add_argument("--rate", type=float, default=1.5, help="conversations started per second")
-    ap.add_argument("--think", type=float, default=0.5, help="mean seconds between turns")
     ap.add_argument("--settle", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    apply_setting(args)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     out = prepare_out(args.out)
     log_dir = os.path.join(out, "logs")
     os.makedirs(log_dir, exist_ok=True)
+    resolve_model(args, out)
+    names = args.routers.split(",")
+    k = args.rotate % len(names)
     results = {}
-    for name in args.routers.split(","):
+    for name in names[k:] + names[:k]:
         print(f"== {name}", flush=True)
         results[name] = run_router(name, args, log_dir)
         print(json.dumps({k: v for k, v in results[name].items() if k != "per_backend"}),
               flush=True)
-    plot(results, os.path.join(out, f"routers-{args.model}.png"))
+    tag = f"routers-{args.model}-{args.setting}"
+    plot(results, os.path.join(out, f"{tag}.png"))
     report = {"config": vars(args), "load_average": os.getloadavg(), "routers": results}
-    print(write_result(f"routers-{args.model}", report, out))
+    print(write_result(tag, report, out))
     return report
 
 

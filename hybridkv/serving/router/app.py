@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -71,13 +72,16 @@ def error(status: int, message: str, param: str | None = None, code: str | None 
 
 
 def load_local_tokenizer(path: str) -> Any:
-    """The tokenizer (and chat template) in a model directory; ValueError if none."""
+    """The tokenizer (and chat template) in a model directory, used once so that the
+    first request pays no one-time cost (template compiling); ValueError if none."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
         raise ValueError(f"--tokenizer {path!r}: no tokenizer there ({err})") from None
+    local_tokens(tokenizer, {"messages": [{"role": "user", "content": "warm up"}]})
+    return tokenizer
 
 
 def local_tokens(tokenizer: Any, query: dict[str, Any]) -> list[int]:
@@ -93,6 +97,28 @@ def local_tokens(tokenizer: Any, query: dict[str, Any]) -> list[int]:
         return list(tokenizer(prompt).input_ids) if isinstance(prompt, str) else []
     except Exception:  # noqa: BLE001 - bad messages: routed by load, refused by the backend
         return []
+
+
+class Timing:
+    """The router's own stages of one request, for its `Server-Timing` header:
+    `tokenize` (prompt to token ids), `route` (hashes, store query, decision;
+    summed over retries), `backend` (sending until the backend's response
+    headers, retries included), in milliseconds."""
+
+    __slots__ = ("last", "stages")
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.stages: dict[str, float] = {}
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages[stage] = self.stages.get(stage, 0.0) + now - self.last
+        self.last = now
+
+    def header(self) -> str:
+        return ", ".join(f"{name};dur={seconds * 1e3:.3f}"
+                         for name, seconds in self.stages.items())
 
 
 class _Failed(Exception):
@@ -111,8 +137,11 @@ class RouterApp:
         self.auth = {} if backend_api_key is None else \
             {"Authorization": f"Bearer {backend_api_key}"}
         self.tokenizer = load_local_tokenizer(tokenizer_dir) if tokenizer_dir else None
+        # every connection stays open for reuse (httpx keeps 20 by default: past 20
+        # concurrent streams each new request would connect again)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=2.0),
-                                        limits=httpx.Limits(max_connections=1000),
+                                        limits=httpx.Limits(max_connections=1000,
+                                                            max_keepalive_connections=1000),
                                         headers=self.auth)
         self.metrics = RouterMetrics(router)
         self.streams = EventStreams(events_url, router) if events_url else None
@@ -182,7 +211,9 @@ class RouterApp:
         if problem is not None:
             return error(400, problem, "body")
         headers = self.backend_headers(request)
+        timing = Timing()
         tokens = await self.prompt_tokens(path, body, headers)
+        timing.lap("tokenize")
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
         prompt = PromptHashes(tokens, salt) if tokens else None
         stored = await self.store.stored(prompt) if self.store and prompt else None
@@ -194,9 +225,11 @@ class RouterApp:
                 unknown = self._unknown_model(body.get("model"))
                 return unknown if unknown is not None else \
                     error(503, str(err), code="no_backend")
+            timing.lap("route")
             tried.add(decision.instance_id)
             try:
-                return await self._send(decision, path, raw, headers, bool(body.get("stream")))
+                return await self._send(decision, path, raw, headers, bool(body.get("stream")),
+                                        timing)
             except _Failed as err:
                 self.router.finished(decision)
                 self.metrics.retries.inc()
@@ -229,7 +262,7 @@ class RouterApp:
         return decision
 
     async def _send(self, decision: Decision, path: str, raw: bytes, headers: dict[str, str],
-                    stream: bool) -> Response:
+                    stream: bool, timing: Timing) -> Response:
         url = self.backends.by_instance(decision.instance_id).url + path
         upstream = self.client.build_request("POST", url, content=raw, headers=headers)
         try:
@@ -239,9 +272,11 @@ class RouterApp:
         if reply.status_code in RETRY_STATUSES:
             await reply.aclose()
             raise _Failed(f"answered {reply.status_code}")
+        timing.lap("backend")
         out_headers = {k: v for k, v in reply.headers.items()
                        if k.lower() not in HOP_HEADERS | {"content-encoding"}}
         out_headers["x-hybridkv-backend"] = decision.instance_id
+        out_headers["server-timing"] = timing.header()
         if stream and reply.status_code == 200:
             return StreamingResponse(self._relay(decision, reply), status_code=200,
                                      headers=out_headers)

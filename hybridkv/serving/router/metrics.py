@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, generate_latest
 
 from hybridkv.serving.router.routing import Decision, Router
 
@@ -39,6 +39,7 @@ class RouterMetrics:
         self.router = router
         self.backends: Any = None  # set by the app: Backends, for health and URLs
         self.registry = r = CollectorRegistry()
+        GCCollector(registry=r)  # python_gc_collections_total{generation}: pauses of the loop
         self.requests = Counter("hybridkv_router_requests", "Requests answered.",
                                 ("backend", "status"), registry=r)
         self.routed_count = Counter("hybridkv_router_routed", "Requests routed.", ("backend",),
