@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 
-from hybridkv.semantic.labeled_pairs import Family, Question, _rows
+from hybridkv.semantic.labeled_pairs import Family, Question, draw_groups, group_rows
 
 INGREDIENTS = ("buttermilk cornstarch molasses tahini ricotta shallots mascarpone "
                "cardamom nutmeg semolina").split()
@@ -60,7 +60,7 @@ def _substitute(rng: random.Random) -> list[Question]:
             f"I'm out of {item}, what can I put in my {bake} instead?",
             f"Can I replace {item} with something else when making {bake}?",
             f"What could I swap in for {item} when I bake {bake}?"]
-    return _rows(f"substitute:{item}:{bake}", f"What can I use instead of {item} in {bake}?",
+    return group_rows(f"substitute:{item}:{bake}", f"What can I use instead of {item} in {bake}?",
                  same, [
         ("entity", f"substitute:{other}:{bake}", f"What can I use instead of {other} in {bake}?"),
         ("intent", f"amount:{item}:{bake}", f"How much {item} goes into {bake}?"),
@@ -74,7 +74,7 @@ def _two_factor(rng: random.Random) -> list[Question]:
             f"Where do I switch on 2FA for my {service} account?",
             f"How do I set up two-step verification on {service}?",
             f"What are the steps to activate two-factor login for {service}?"]
-    return _rows(f"2fa-on:{service}",
+    return group_rows(f"2fa-on:{service}",
                  f"How do I turn on two-factor authentication for my {service} account?", same, [
         ("particle", f"2fa-off:{service}",
          f"How do I turn off two-factor authentication for my {service} account?"),
@@ -92,7 +92,7 @@ def _volume(rng: random.Random) -> list[Question]:
             f"What's the way to increase the volume on a {brand} TV?",
             f"How do I raise the sound level on my {brand} television?",
             f"My {brand} TV is too quiet, how do I turn the volume up?"]
-    return _rows(f"louder:{brand}", f"How do I turn up the volume on my {brand} TV?", same, [
+    return group_rows(f"louder:{brand}", f"How do I turn up the volume on my {brand} TV?", same, [
         ("particle", f"quieter:{brand}", f"How do I turn down the volume on my {brand} TV?"),
         ("antonym", f"quieter:{brand}", f"How can I make my {brand} TV quieter?"),
         ("intent", f"brighter:{brand}", f"How do I turn up the brightness on my {brand} TV?"),
@@ -104,7 +104,7 @@ def _zoom(rng: random.Random) -> list[Question]:
     same = [f"How can I magnify the page in {app}?", f"In {app}, how do I zoom in?",
             f"How do I enlarge the view in {app}?",
             f"What is the way to zoom in on a document in {app}?"]
-    return _rows(f"zoom-in:{app}", f"How can I zoom in while working in {app}?", same, [
+    return group_rows(f"zoom-in:{app}", f"How can I zoom in while working in {app}?", same, [
         ("particle", f"zoom-out:{app}", f"How can I zoom out while working in {app}?"),
         ("antonym", f"zoom-out:{app}", f"How do I shrink the view in {app}?"),
         ("intent", f"zoom-reset:{app}", f"How do I reset the zoom level in {app}?"),
@@ -118,7 +118,7 @@ def _exchange(rng: random.Random) -> list[Question]:
             f"If I exchange {n} {a}, how many {b} will I receive?",
             f"{n} {a} equals how many {b}?",
             f"How much is {n} {a} when changed into {b}?"]
-    return _rows(f"exchange:{n}{a}>{b}", f"How many {b} do I get for {n} {a}?", same, [
+    return group_rows(f"exchange:{n}{a}>{b}", f"How many {b} do I get for {n} {a}?", same, [
         ("reverse", f"exchange:{n}{b}>{a}", f"How many {a} do I get for {n} {b}?"),
         ("number", f"exchange:{m}{a}>{b}", f"How many {b} do I get for {m} {a}?"),
         ("unit", f"exchange:{n}{a}>{c}", f"How many {c} do I get for {n} {a}?"),
@@ -133,7 +133,7 @@ def _weekday(rng: random.Random) -> list[Question]:
             f"What weekday comes {n} days after a {day}?",
             f"Counting {n} days forward from a {day}, which day do I land on?",
             f"If it's {day} today, which weekday will it be in {n} days?"]
-    return _rows(f"weekday:{day}+{n}", f"If today is {day}, what day will it be in {n} days?",
+    return group_rows(f"weekday:{day}+{n}", f"If today is {day}, what day will it be in {n} days?",
                  same, [
         ("particle", f"weekday:{day}-{n}",
          f"If today is {day}, what day of the week was it {n} days before?"),
@@ -150,7 +150,7 @@ def _last_train(rng: random.Random) -> list[Question]:
             f"What's the latest train I can catch from {a} to {b}?",
             f"At what time does the last {a} to {b} train depart?",
             f"When is the last departure by train from {a} to {b}?"]
-    return _rows(f"last-leave:{a}>{b}", f"When does the last train from {a} to {b} leave?",
+    return group_rows(f"last-leave:{a}>{b}", f"When does the last train from {a} to {b} leave?",
                  same, [
         ("swap", f"last-leave:{b}>{a}", f"When does the last train from {b} to {a} leave?"),
         ("antonym", f"first-leave:{a}>{b}", f"When does the first train from {a} to {b} leave?"),
@@ -166,7 +166,7 @@ def _measures(rng: random.Random) -> list[Question]:
     same = [f"{n} {a} is how many {b}?", f"How many {b} make up {n} {a}?",
             f"What's {n} {a} expressed in {b}?",
             f"If a recipe calls for {n} {a}, how many {b} is that?"]
-    return _rows(f"measure:{n}{a}>{b}", f"How many {b} are in {n} {a}?", same, [
+    return group_rows(f"measure:{n}{a}>{b}", f"How many {b} are in {n} {a}?", same, [
         ("reverse", f"measure:{n}{b}>{a}", f"How many {a} are in {n} {b}?"),
         ("number", f"measure:{m}{a}>{b}", f"How many {b} are in {m} {a}?"),
         ("unit", f"measure:{n}{a}>{c}", f"How many {c} are in {n} {a}?"),
@@ -179,7 +179,7 @@ def _easier(rng: random.Random) -> list[Question]:
             f"Is learning {x} simpler than learning {y}?",
             f"Is {y} harder to learn than {x}?",
             f"Does {x} have a gentler learning curve than {y}?"]
-    return _rows(f"easier:{x}>{y}", f"Is {x} easier to learn than {y}?", same, [
+    return group_rows(f"easier:{x}>{y}", f"Is {x} easier to learn than {y}?", same, [
         ("swap", f"easier:{y}>{x}", f"Is {y} easier to learn than {x}?"),
         ("antonym", f"easier:{y}>{x}", f"Is {x} harder to learn than {y}?"),
         ("comparative", f"faster:{x}>{y}", f"Is {x} faster than {y}?"),
@@ -192,7 +192,7 @@ def _symptoms(rng: random.Random) -> list[Question]:
             f"How can I tell if I'm in the early stages of {illness}?",
             f"What are the first symptoms of {illness}?",
             f"Which warning signs point to early {illness}?"]
-    return _rows(f"early-signs:{illness}", f"What are the early signs of {illness}?", same, [
+    return group_rows(f"early-signs:{illness}", f"What are the early signs of {illness}?", same, [
         ("antonym", f"late-signs:{illness}", f"What are the late signs of {illness}?"),
         ("intent", f"treat:{illness}", f"How is {illness} treated?"),
         ("intent", f"prevent:{illness}", f"How can I avoid getting {illness}?"),
@@ -206,7 +206,7 @@ def _workout(rng: random.Random) -> list[Question]:
             f"Is {gerund} before {sport} recommended?",
             f"Do I need to {habit} before I go {sport}?",
             f"Before {sport}, should I {habit}?"]
-    return _rows(f"before:{habit}:{sport}", f"Should I {habit} before {sport}?", same, [
+    return group_rows(f"before:{habit}:{sport}", f"Should I {habit} before {sport}?", same, [
         ("particle", f"after:{habit}:{sport}", f"Should I {habit} after {sport}?"),
         ("negation", f"skip:{habit}:{sport}",
          f"What happens if I don't {habit} before {sport}?"),
@@ -220,7 +220,7 @@ def _nutrients(rng: random.Random) -> list[Question]:
     same = [f"What {kind} contain a lot of {food}?", f"Name some {kind} that are rich in {food}.",
             f"Which {kind} have plenty of {food}?",
             f"What are good {kind} to eat for {food}?"]
-    return _rows(f"high:{kind}:{food}", f"Which {kind} are high in {food}?", same, [
+    return group_rows(f"high:{kind}:{food}", f"Which {kind} are high in {food}?", same, [
         ("antonym", f"low:{kind}:{food}", f"Which {kind} are low in {food}?"),
         ("negation", f"none:{kind}:{food}", f"Which {kind} have no {food} at all?"),
         ("entity", f"high:{kind}:{other}", f"Which {kind} are high in {other}?"),
@@ -231,7 +231,7 @@ def _plural(rng: random.Random) -> list[Question]:
     (one, many), (other, _) = rng.sample(PLURALS, 2)
     same = [f"What's the plural form of {one}?", f"How do I make {one} plural?",
             f"What do you call more than one {one}?", f"{one} in the plural is what?"]
-    return _rows(f"plural:{one}", f"What is the plural of {one}?", same, [
+    return group_rows(f"plural:{one}", f"What is the plural of {one}?", same, [
         ("reverse", f"singular:{many}", f"What is the singular of {many}?"),
         ("entity", f"plural:{other}", f"What is the plural of {other}?"),
         ("intent", f"origin:{one}", f"Where does the word {one} come from?"),
@@ -244,7 +244,7 @@ def _visa(rng: random.Random) -> list[Question]:
             f"Will I need a visa for a trip to {country}?",
             f"Does {country} require tourists to have a visa?",
             f"Do tourists have to get a visa before going to {country}?"]
-    return _rows(f"visa:{country}", f"Do I need a visa to travel to {country}?", same, [
+    return group_rows(f"visa:{country}", f"Do I need a visa to travel to {country}?", same, [
         ("intent", f"visa-time:{country}", f"How long does it take to get a visa for {country}?"),
         ("intent", f"vaccine:{country}", f"Do I need any vaccines to travel to {country}?"),
         ("negation", f"visa-free:{country}",
@@ -261,15 +261,4 @@ HELDOUT2_FAMILIES: dict[str, Family] = {
 
 def questions(seed: int = 0, families_per_template: int = 30) -> list[list[Question]]:
     """Groups of questions (base first), deterministic for `seed`; no base twice."""
-    rng = random.Random(seed)
-    groups, bases = [], set()
-    for family in HELDOUT2_FAMILIES.values():
-        made = tries = 0
-        while made < families_per_template and tries < 20 * families_per_template:
-            tries += 1
-            group = family(rng)
-            if group[0].text not in bases:
-                bases.add(group[0].text)
-                groups.append(group)
-                made += 1
-    return groups
+    return draw_groups(HELDOUT2_FAMILIES, seed, families_per_template)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from hybridkv.semantic.labeled_pairs import Family, Question, _rows
+from hybridkv.semantic.labeled_pairs import Family, Question, draw_groups, group_rows
 
 ZONES = ("Osaka Phoenix Honolulu Anchorage Caracas Tehran Kabul Reykjavik Minsk Tbilisi "
          "Yerevan Baku Almaty").split()
@@ -47,7 +47,7 @@ def _time_zone(rng: random.Random) -> list[Question]:
             f"What time is it in {b} when it's {h} pm in {a}?",
             f"{h} pm in {a} is what time in {b}?",
             f"Convert {h} pm {a} time to {b} time."]
-    return _rows(f"zone:{h}pm:{a}>{b}", f"If it's {h} pm in {a}, what time is it in {b}?",
+    return group_rows(f"zone:{h}pm:{a}>{b}", f"If it's {h} pm in {a}, what time is it in {b}?",
                  same, [
         ("swap", f"zone:{h}pm:{b}>{a}", f"If it's {h} pm in {b}, what time is it in {a}?"),
         ("antonym", f"zone:{h}am:{a}>{b}", f"If it's {h} am in {a}, what time is it in {b}?"),
@@ -59,7 +59,7 @@ def _founder(rng: random.Random) -> list[Question]:
     (company, person), (other, _) = rng.sample(FOUNDERS, 2)
     same = [f"Who is the founder of {company}?", f"Who started the company {company}?",
             f"{company} was founded by whom?", f"Who set up {company}?"]
-    return _rows(f"founder:{company}", f"Who founded {company}?", same, [
+    return group_rows(f"founder:{company}", f"Who founded {company}?", same, [
         ("reverse", f"founded-by:{person}", f"Which company did {person} found?"),
         ("intent", f"founded-when:{company}", f"When was {company} founded?"),
         ("intent", f"runs-now:{company}", f"Who runs {company} today?"),
@@ -73,7 +73,7 @@ def _watering(rng: random.Random) -> list[Question]:
             f"What's the right watering schedule for a {plant}?",
             f"How often do I need to water my {plant}?",
             f"How regularly should a {plant} be watered?"]
-    return _rows(f"water-often:{plant}", f"How often should I water a {plant}?", same, [
+    return group_rows(f"water-often:{plant}", f"How often should I water a {plant}?", same, [
         ("intent", f"water-amount:{plant}", f"How much water does a {plant} need?"),
         ("intent", f"{chore}-often:{plant}", f"How often should I {chore} a {plant}?"),
         ("antonym", f"overwatered:{plant}", f"What are the signs of an overwatered {plant}?"),
@@ -87,7 +87,7 @@ def _wage(rng: random.Random) -> list[Question]:
             f"How much do I make per {period} at {n} dollars an hour?",
             f"{n} dollars an hour is how much a {period}?",
             f"What does an hourly wage of {n} dollars come to per {period}?"]
-    return _rows(f"wage:{n}/h>{period}", f"What is {n} dollars an hour per {period}?", same, [
+    return group_rows(f"wage:{n}/h>{period}", f"What is {n} dollars an hour per {period}?", same, [
         ("reverse", f"wage:{n}/{period}>h", f"What is {n} dollars a {period} per hour?"),
         ("number", f"wage:{m}/h>{period}", f"What is {m} dollars an hour per {period}?"),
         ("unit", f"wage:{n}/h>{other}", f"What is {n} dollars an hour per {other}?"),
@@ -100,7 +100,7 @@ def _sorting(rng: random.Random) -> list[Question]:
             f"What's the way to sort a list in increasing order in {lang}?",
             f"How do you order a list ascending in {lang}?",
             f"How to sort a list in ascending order using {lang}?"]
-    return _rows(f"sort-asc:{lang}", f"How do I sort a list in ascending order in {lang}?",
+    return group_rows(f"sort-asc:{lang}", f"How do I sort a list in ascending order in {lang}?",
                  same, [
         ("antonym", f"sort-desc:{lang}", f"How do I sort a list in descending order in {lang}?"),
         ("swap", f"sort-desc:{lang}",
@@ -116,7 +116,7 @@ def _no_oven(rng: random.Random) -> list[Question]:
             f"How can I cook {dish} if I don't have an oven?",
             f"Do I need an oven to make {dish}?",
             f"Is there a way to bake {dish} without using an oven?"]
-    return _rows(f"no-oven:{dish}", f"Can I make {dish} without an oven?", same, [
+    return group_rows(f"no-oven:{dish}", f"Can I make {dish} without an oven?", same, [
         ("intent", f"oven-time:{dish}", f"How long do I bake {dish} in the oven?"),
         ("entity", f"no-microwave:{dish}", f"Can I make {dish} without a microwave?"),
         ("intent", f"freeze:{dish}", f"Can I freeze {dish}?"),
@@ -129,7 +129,7 @@ def _record(rng: random.Random) -> list[Question]:
             f"Which nation has more {thing} than any other?",
             f"In which country are there the most {thing}?",
             f"Which country is home to the most {thing}?"]
-    return _rows(f"most:{thing}", f"Which country has the most {thing}?", same, [
+    return group_rows(f"most:{thing}", f"Which country has the most {thing}?", same, [
         ("antonym", f"fewest:{thing}", f"Which country has the fewest {thing}?"),
         ("number", f"second-most:{thing}", f"Which country has the second most {thing}?"),
         ("intent", f"count:{thing}", f"How many {thing} are there in the world?"),
@@ -140,7 +140,7 @@ def _parent(rng: random.Random) -> list[Question]:
     god, other = rng.sample(GODS, 2)
     same = [f"Who was {god}'s father?", f"Who is {god}'s dad?",
             f"Name the father of {god}.", f"In Greek myth, who fathered {god}?"]
-    return _rows(f"father:{god}", f"Who is the father of {god}?", same, [
+    return group_rows(f"father:{god}", f"Who is the father of {god}?", same, [
         ("antonym", f"mother:{god}", f"Who is the mother of {god}?"),
         ("reverse", f"children:{god}", f"Who are the children of {god}?"),
         ("intent", f"siblings:{god}", f"Who are the siblings of {god}?"),
@@ -153,7 +153,7 @@ def _exports(rng: random.Random) -> list[Question]:
             f"Which product is {country}'s biggest export?",
             f"What is the top export of {country}?",
             f"What goods does {country} mainly sell abroad?"]
-    return _rows(f"export:{country}", f"What is {country}'s main export?", same, [
+    return group_rows(f"export:{country}", f"What is {country}'s main export?", same, [
         ("antonym", f"import:{country}", f"What is {country}'s main import?"),
         ("intent", f"partner:{country}", f"Who is {country}'s largest trading partner?"),
         ("intent", f"industry:{country}", f"What is {country}'s main industry?"),
@@ -166,7 +166,7 @@ def _refund(rng: random.Random) -> list[Question]:
             f"If I cancel a {booking} booking, do I get my money back?",
             f"Is a {booking} booking refundable after I cancel it?",
             f"Do I get a refund when I cancel a {booking} booking?"]
-    return _rows(f"refund-mine:{booking}",
+    return group_rows(f"refund-mine:{booking}",
                  f"Can I get a refund if I cancel my {booking} booking?", same, [
         ("reverse", f"refund-theirs:{booking}",
          f"Can I get a refund if the {booking} is cancelled by the organiser?"),
@@ -184,7 +184,7 @@ def _drive(rng: random.Random) -> list[Question]:
             f"How many hours to drive {n} miles at {speed} miles an hour?",
             f"At {speed} miles per hour, how long does a {n} mile drive take?",
             f"How much time does driving {n} miles at {speed} miles per hour take?"]
-    return _rows(f"drive:{n}mi@{speed}",
+    return group_rows(f"drive:{n}mi@{speed}",
                  f"How long does it take to drive {n} miles at {speed} miles per hour?", same, [
         ("number", f"drive:{m}mi@{speed}",
          f"How long does it take to drive {m} miles at {speed} miles per hour?"),
@@ -202,7 +202,7 @@ def _opening(rng: random.Random) -> list[Question]:
             f"What's the Sunday opening time of the {venue} in {town}?",
             f"At what time can I get into the {venue} in {town} on a Sunday?",
             f"On Sundays, what time does the {town} {venue} open?"]
-    return _rows(f"opens-sunday:{venue}:{town}",
+    return group_rows(f"opens-sunday:{venue}:{town}",
                  f"What time does the {venue} in {town} open on Sundays?", same, [
         ("antonym", f"closes-sunday:{venue}:{town}",
          f"What time does the {venue} in {town} close on Sundays?"),
@@ -222,15 +222,4 @@ HELDOUT3_FAMILIES: dict[str, Family] = {
 
 def questions(seed: int = 0, families_per_template: int = 30) -> list[list[Question]]:
     """Groups of questions (base first), deterministic for `seed`; no base twice."""
-    rng = random.Random(seed)
-    groups, bases = [], set()
-    for family in HELDOUT3_FAMILIES.values():
-        made = tries = 0
-        while made < families_per_template and tries < 20 * families_per_template:
-            tries += 1
-            group = family(rng)
-            if group[0].text not in bases:
-                bases.add(group[0].text)
-                groups.append(group)
-                made += 1
-    return groups
+    return draw_groups(HELDOUT3_FAMILIES, seed, families_per_template)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from hybridkv.semantic.labeled_pairs import Family, Question, _rows
+from hybridkv.semantic.labeled_pairs import Family, Question, draw_groups, group_rows
 
 PEOPLE = ("Einstein Curie Mozart Darwin Tesla Newton Picasso Beethoven Galileo Chopin "
           "Kepler Faraday Goethe Dickens Tolstoy Lincoln Gandhi Mandela Edison Bach").split()
@@ -44,7 +44,7 @@ def _birth(rng: random.Random) -> list[Question]:
     same = [f"What is {who}'s date of birth?", f"On what date was {who} born?",
             f"When is {who}'s birthday?", f"{who} was born when?",
             f"Could you tell me when {who} was born?"]
-    return _rows(f"born-when:{who}", f"When was {who} born?", same, [
+    return group_rows(f"born-when:{who}", f"When was {who} born?", same, [
         ("intent", f"died-when:{who}", f"When did {who} die?"),
         ("intent", f"born-where:{who}", f"Where was {who} born?"),
         ("intent", f"married-when:{who}", f"When did {who} get married?"),
@@ -56,7 +56,7 @@ def _define(rng: random.Random) -> list[Question]:
     same = [f"What is the meaning of the word {word}?", f"Define {word}.",
             f"Give me the definition of {word}.", f"What does the word {word} mean?",
             f"{word} meaning?"]
-    return _rows(f"define:{word}", f"What does {word} mean?", same, [
+    return group_rows(f"define:{word}", f"What does {word} mean?", same, [
         ("intent", f"antonym:{word}", f"What is the opposite of {word}?"),
         ("intent", f"synonym:{word}", f"What is a synonym for {word}?"),
         ("intent", f"pronounce:{word}", f"How do you pronounce {word}?"),
@@ -67,7 +67,7 @@ def _translate(rng: random.Random) -> list[Question]:
     (word, word2), (lang, other) = rng.sample(GREETINGS, 2), rng.sample(LANGUAGES, 2)
     same = [f"What is the {lang} word for {word}?", f"Translate {word} into {lang}.",
             f"What's {word} in {lang}?", f"How would I say {word} in {lang}?"]
-    return _rows(f"translate:{word}:{lang}", f"How do you say {word} in {lang}?", same, [
+    return group_rows(f"translate:{word}:{lang}", f"How do you say {word} in {lang}?", same, [
         ("entity", f"translate:{word}:{other}", f"How do you say {word} in {other}?"),
         ("entity", f"translate:{word2}:{lang}", f"How do you say {word2} in {lang}?"),
         ("intent", f"spell:{word}:{lang}", f"How do you spell {word} in {lang}?"),
@@ -81,7 +81,7 @@ def _device(rng: random.Random) -> list[Question]:
             f"How do I fix a {device} that won't power on?",
             f"My {device} is not turning on, how can I fix it?",
             f"What should I do when my {device} won't switch on?"]
-    return _rows(f"fix-on:{device}", f"My {device} won't turn on, what should I do?", same, [
+    return group_rows(f"fix-on:{device}", f"My {device} won't turn on, what should I do?", same, [
         ("intent", f"fix-off:{device}", f"My {device} won't turn off, what should I do?"),
         ("intent", f"fix-charge:{device}", f"My {device} won't charge, what should I do?"),
         ("intent", f"keeps-on:{device}",
@@ -96,7 +96,7 @@ def _cook(rng: random.Random) -> list[Question]:
             f"What is the {method} time for {dish}?",
             f"For how long do you {method} {dish}?",
             f"How much time does it take to {method} {dish}?"]
-    return _rows(f"cook:{method}:{dish}", f"How long should I {method} {dish}?", same, [
+    return group_rows(f"cook:{method}:{dish}", f"How long should I {method} {dish}?", same, [
         ("intent", f"cook:{alt}:{dish}", f"How long should I {alt} {dish}?"),
         ("entity", f"cook:{method}:{other}", f"How long should I {method} {other}?"),
         ("intent", f"temp:{method}:{dish}", f"At what temperature should I {method} {dish}?"),
@@ -108,7 +108,7 @@ def _distance(rng: random.Random) -> list[Question]:
     pair = ":".join(sorted((a, b)))
     same = [f"What is the distance between {a} and {b}?", f"How far apart are {a} and {b}?",
             f"How far is {b} from {a}?", f"What's the distance from {a} to {b}?"]
-    return _rows(f"distance:{pair}", f"How far is {a} from {b}?", same, [
+    return group_rows(f"distance:{pair}", f"How far is {a} from {b}?", same, [
         ("entity", f"distance:{':'.join(sorted((a, c)))}", f"How far is {a} from {c}?"),
         ("intent", f"flight-time:{a}>{b}", f"How long is the flight from {a} to {b}?"),
         ("intent", f"time-difference:{pair}",
@@ -122,7 +122,7 @@ def _climate(rng: random.Random) -> list[Question]:
             f"What temperatures can I expect in {place} in {month}?",
             f"What is the typical temperature in {place} during {month}?",
             f"What's the usual temperature in {place} in {month}?"]
-    return _rows(f"temperature:{place}:{month}",
+    return group_rows(f"temperature:{place}:{month}",
                  f"What is the average temperature in {place} in {month}?", same, [
         ("number", f"temperature:{place}:{later}",
          f"What is the average temperature in {place} in {later}?"),
@@ -137,7 +137,7 @@ def _percent(rng: random.Random) -> list[Question]:
     p, n, m = rng.choice((5, 10, 15, 20, 25, 30, 40, 75)), *rng.sample(range(40, 2000), 2)
     same = [f"Calculate {p} percent of {n}.", f"How much is {p} percent of {n}?",
             f"Find {p}% of {n}.", f"What do you get if you take {p}% of {n}?"]
-    return _rows(f"percent:{p}of{n}", f"What is {p}% of {n}?", same, [
+    return group_rows(f"percent:{p}of{n}", f"What is {p}% of {n}?", same, [
         ("number", f"percent:{p}of{m}", f"What is {p}% of {m}?"),
         ("reverse", f"ratio:{p}/{n}", f"What percentage of {n} is {p}?"),
         ("intent", f"increase:{n}by{p}", f"What is {n} increased by {p}%?"),
@@ -150,7 +150,7 @@ def _learn(rng: random.Random) -> list[Question]:
             f"Which books should I read to learn {topic}?",
             f"What books are good for learning {topic}?",
             f"Recommend good books to learn {topic}."]
-    return _rows(f"books:{topic}", f"What are some good books for learning {topic}?", same, [
+    return group_rows(f"books:{topic}", f"What are some good books for learning {topic}?", same, [
         ("intent", f"videos:{topic}", f"What are some good videos for learning {topic}?"),
         ("intent", f"teach-books:{topic}", f"What are some good books for teaching {topic}?"),
         ("intent", f"careers:{topic}", f"What jobs can I get after learning {topic}?"),
@@ -163,7 +163,7 @@ def _heavier(rng: random.Random) -> list[Question]:
     same = [f"Which weighs more, a {x} or a {y}?", f"Which is heavier: a {y} or a {x}?",
             f"Between a {x} and a {y}, which one is heavier?",
             f"Which animal is heavier, the {x} or the {y}?"]
-    return _rows(f"heavier:{pair}", f"Which is heavier, a {x} or a {y}?", same, [
+    return group_rows(f"heavier:{pair}", f"Which is heavier, a {x} or a {y}?", same, [
         ("intent", f"faster:{pair}", f"Which is faster, a {x} or a {y}?"),
         ("intent", f"lighter:{pair}", f"Which is lighter, a {x} or a {y}?"),
         ("entity", f"heavier:{':'.join(sorted((x, z)))}",
@@ -177,7 +177,7 @@ def _allowed(rng: random.Random) -> list[Question]:
             f"Is it permitted to carry {item} on a flight?",
             f"Can {item} be brought onto an airplane?",
             f"Are passengers allowed to bring {item} on board a plane?"]
-    return _rows(f"allowed:{item}", f"Can I bring {item} on a plane?", same, [
+    return group_rows(f"allowed:{item}", f"Can I bring {item} on a plane?", same, [
         ("negation", f"forbidden:{item}", f"Is {item} forbidden on a plane?"),
         ("negation", f"forbidden:{item}", f"Is it not allowed to bring {item} on a plane?"),
         ("entity", f"allowed:{other}", f"Can I bring {other} on a plane?"),
@@ -193,15 +193,4 @@ HELDOUT_FAMILIES: dict[str, Family] = {
 def questions(seed: int = 0, families_per_template: int = 30) -> list[list[Question]]:
     """Groups of held-out questions (base first), deterministic for `seed`; no
     base twice."""
-    rng = random.Random(seed)
-    groups, bases = [], set()
-    for family in HELDOUT_FAMILIES.values():
-        made = tries = 0
-        while made < families_per_template and tries < 20 * families_per_template:
-            tries += 1
-            group = family(rng)
-            if group[0].text not in bases:
-                bases.add(group[0].text)
-                groups.append(group)
-                made += 1
-    return groups
+    return draw_groups(HELDOUT_FAMILIES, seed, families_per_template)

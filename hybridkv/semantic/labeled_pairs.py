@@ -63,7 +63,7 @@ def _capital(rng: random.Random) -> list[Question]:
     same = [f"What's the capital of {c}?", f"Which city is the capital of {c}?",
             f"Tell me the capital of {c}.", f"What is the capital city of {c}?",
             f"capital of {c}?", f"Can you tell me what the capital of {c} is?"]
-    return _rows(f"capital:{c}", f"What is the capital of {c}?", same, [
+    return group_rows(f"capital:{c}", f"What is the capital of {c}?", same, [
         ("intent", f"population:{c}", f"What is the population of {c}?"),
         ("intent", f"currency:{c}", f"What is the currency of {c}?"),
         ("intent", f"largest-city:{c}", f"What is the largest city in {c}?"),
@@ -74,7 +74,7 @@ def _compare(rng: random.Random) -> list[Question]:
     x, y = rng.sample(CITIES, 2)
     same = [f"Is {x} larger than {y}?", f"Is {x} a bigger city than {y}?",
             f"Is {x} bigger in size than {y}?", f"Is {y} smaller than {x}?"]
-    return _rows(f"bigger:{x}>{y}", f"Is {x} bigger than {y}?", same, [
+    return group_rows(f"bigger:{x}>{y}", f"Is {x} bigger than {y}?", same, [
         ("swap", f"bigger:{y}>{x}", f"Is {y} bigger than {x}?"),
         ("swap", f"bigger:{y}>{x}", f"Is {y} larger than {x}?"),
         ("negation", f"not-bigger:{x}>{y}", f"Is {x} not bigger than {y}?"),
@@ -88,7 +88,7 @@ def _convert(rng: random.Random) -> list[Question]:
     same = [f"What is {n} {a} in {b}?", f"Please convert {n} {a} into {b}.",
             f"How many {b} is {n} {a}?", f"convert {n} {a} to {b}",
             f"Can you convert {n} {a} to {b}?"]
-    return _rows(f"convert:{n}{a}>{b}", f"Convert {n} {a} to {b}", same, [
+    return group_rows(f"convert:{n}{a}>{b}", f"Convert {n} {a} to {b}", same, [
         ("reverse", f"convert:{n}{b}>{a}", f"Convert {n} {b} to {a}"),
         ("reverse", f"convert:{n}{b}>{a}", f"What is {n} {b} in {a}?"),
         ("number", f"convert:{m}{a}>{b}", f"Convert {m} {a} to {b}"),
@@ -103,7 +103,7 @@ def _howto(rng: random.Random) -> list[Question]:
             f"What are the steps to {verb} {thing} on {system}?",
             f"How to {verb} {thing} on {system}?",
             f"What's the way to {verb} {thing} on {system}?"]
-    return _rows(f"how:{verb}:{thing}:{system}", f"How do I {verb} {thing} on {system}?", same, [
+    return group_rows(f"how:{verb}:{thing}:{system}", f"How do I {verb} {thing} on {system}?", same, [
         ("intent", f"how:{anti}:{thing}:{system}", f"How do I {anti} {thing} on {system}?"),
         ("intent", f"why:{verb}:{thing}:{system}", f"Why should I {verb} {thing} on {system}?"),
         ("negation", f"how-not:{verb}:{thing}:{system}",
@@ -116,7 +116,7 @@ def _health(rng: random.Random) -> list[Question]:
     same = [f"Is {food} harmful to your health?", f"Is eating {food} bad for your health?",
             f"Is {food} bad for you?", f"Is {food} bad for the health?",
             f"Is {food} unhealthy?"]
-    return _rows(f"bad:{food}", f"Is {food} bad for your health?", same, [
+    return group_rows(f"bad:{food}", f"Is {food} bad for your health?", same, [
         ("negation", f"not-bad:{food}", f"Is {food} not bad for your health?"),
         ("intent", f"good:{food}", f"Is {food} good for your health?"),
         ("intent", f"how-much-bad:{food}", f"How much {food} is bad for your health?"),
@@ -127,7 +127,7 @@ def _author(rng: random.Random) -> list[Question]:
     book, author = rng.choice(BOOKS)
     same = [f"Who is the author of {book}?", f"Who was {book} written by?",
             f"Who wrote the book {book}?", f"Which writer wrote {book}?"]
-    return _rows(f"author:{book}", f"Who wrote {book}?", same, [
+    return group_rows(f"author:{book}", f"Who wrote {book}?", same, [
         ("reverse", f"works:{author}", f"What did {author} write?"),
         ("reverse", f"works:{author}", f"Which books did {author} write?"),
         ("intent", f"written-when:{book}", f"When was {book} written?"),
@@ -138,7 +138,7 @@ def _arithmetic(rng: random.Random) -> list[Question]:
     a, b, c = rng.sample(range(2, 999), 3)
     same = [f"What is the sum of {a} and {b}?", f"Calculate {a} plus {b}.",
             f"What's {a} plus {b}?", f"What do you get when you add {a} and {b}?"]
-    return _rows(f"sum:{min(a, b)}+{max(a, b)}", f"What is {a} plus {b}?", same, [
+    return group_rows(f"sum:{min(a, b)}+{max(a, b)}", f"What is {a} plus {b}?", same, [
         ("number", f"sum:{min(a, c)}+{max(a, c)}", f"What is {a} plus {c}?"),
         ("intent", f"diff:{a}-{b}", f"What is {a} minus {b}?"),
         ("intent", f"product:{min(a, b)}*{max(a, b)}", f"What is {a} times {b}?"),
@@ -151,7 +151,7 @@ def _population(rng: random.Random) -> list[Question]:
     same = [f"How many people lived in {city} in {year}?",
             f"What was {city}'s population in {year}?",
             f"What was the number of inhabitants of {city} in {year}?"]
-    return _rows(f"population:{city}:{year}", f"What was the population of {city} in {year}?",
+    return group_rows(f"population:{city}:{year}", f"What was the population of {city} in {year}?",
                  same, [
         ("number", f"population:{city}:{other}",
          f"What was the population of {city} in {other}?"),
@@ -165,7 +165,7 @@ FAMILIES: dict[str, Family] = {"capital": _capital, "compare": _compare, "conver
                                "arithmetic": _arithmetic, "population": _population}
 
 
-def _rows(label: str, base: str, same: list[str], negatives: list[tuple[str, str, str]]
+def group_rows(label: str, base: str, same: list[str], negatives: list[tuple[str, str, str]]
           ) -> list[Question]:
     """Labels name the meaning, so equal meanings in different groups agree."""
     rows = [Question(base, label, "base")] + [Question(t, label, "paraphrase") for t in same]
@@ -175,9 +175,16 @@ def _rows(label: str, base: str, same: list[str], negatives: list[tuple[str, str
 def questions(seed: int = 0, families_per_template: int = 100) -> list[list[Question]]:
     """Groups of questions (base first), `families_per_template` of each family
     (fewer when its slots run out), deterministic for `seed`; no base twice."""
+    return draw_groups(FAMILIES, seed, families_per_template)
+
+
+def draw_groups(families: dict[str, Family], seed: int, families_per_template: int
+                ) -> list[list[Question]]:
+    """`families_per_template` groups from each of `families` in turn (fewer when
+    its slots run out), deterministic for `seed`; no base question twice."""
     rng = random.Random(seed)
     groups, bases = [], set()
-    for family in FAMILIES.values():
+    for family in families.values():
         made = tries = 0
         while made < families_per_template and tries < 20 * families_per_template:
             tries += 1
