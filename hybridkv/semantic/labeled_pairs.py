@@ -103,7 +103,8 @@ def _howto(rng: random.Random) -> list[Question]:
             f"What are the steps to {verb} {thing} on {system}?",
             f"How to {verb} {thing} on {system}?",
             f"What's the way to {verb} {thing} on {system}?"]
-    return group_rows(f"how:{verb}:{thing}:{system}", f"How do I {verb} {thing} on {system}?", same, [
+    base = f"How do I {verb} {thing} on {system}?"
+    return group_rows(f"how:{verb}:{thing}:{system}", base, same, [
         ("intent", f"how:{anti}:{thing}:{system}", f"How do I {anti} {thing} on {system}?"),
         ("intent", f"why:{verb}:{thing}:{system}", f"Why should I {verb} {thing} on {system}?"),
         ("negation", f"how-not:{verb}:{thing}:{system}",
