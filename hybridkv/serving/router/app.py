@@ -27,7 +27,6 @@ the client's own Authorization header.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -36,21 +35,23 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
+from fastapi.responses import JSONResponse, Response
 
-from hybridkv.serving.errors import install_error_handlers
 from hybridkv.serving.router.backends import Backends
 from hybridkv.serving.router.event_stream import EventStreams
 from hybridkv.serving.router.metrics import RouterMetrics
+from hybridkv.serving.router.relay import Headers, RelayResponse
 from hybridkv.serving.router.routing import Decision, NoBackendError, PromptHashes, Router
 from hybridkv.serving.router.store_view import StoreView
+from hybridkv.serving.router.upstream import Reply, UpstreamError, UpstreamPool
 from hybridkv.serving.router.zmq_source import EventSource, ZmqSources
 
 logger = logging.getLogger("hybridkv.router")
 RETRY_STATUSES = (502, 503, 504)
 HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
+# a backend's reply headers not relayed (the body is relayed as its bytes came,
+# less the chunked framing: its content-encoding stays)
+RELAY_DROP = {name.encode() for name in HOP_HEADERS}
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -137,11 +138,9 @@ class RouterApp:
         self.auth = {} if backend_api_key is None else \
             {"Authorization": f"Bearer {backend_api_key}"}
         self.tokenizer = load_local_tokenizer(tokenizer_dir) if tokenizer_dir else None
-        # every connection stays open for reuse (httpx keeps 20 by default: past 20
-        # concurrent streams each new request would connect again)
+        # the proxied requests; health checks, loads and /tokenize go through httpx
+        self.upstream = UpstreamPool(read_timeout=request_timeout, connect_timeout=2.0)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=2.0),
-                                        limits=httpx.Limits(max_connections=1000,
-                                                            max_keepalive_connections=1000),
                                         headers=self.auth)
         self.metrics = RouterMetrics(router)
         self.streams = EventStreams(events_url, router) if events_url else None
@@ -167,7 +166,7 @@ class RouterApp:
     # ---- turning a request into token ids ----------------------------------------
 
     async def prompt_tokens(self, path: str, body: dict[str, Any],
-                            headers: dict[str, str]) -> list[int]:
+                            headers: list[tuple[str, str]]) -> list[int]:
         """Token ids the backend will see (the first prompt of a batch)."""
         if path.endswith("/chat/completions"):
             return await self._tokenize({"messages": body.get("messages")}, body, headers)
@@ -179,7 +178,7 @@ class RouterApp:
         return await self._tokenize({"prompt": prompt}, body, headers)
 
     async def _tokenize(self, query: dict[str, Any], body: dict[str, Any],
-                        headers: dict[str, str]) -> list[int]:
+                        headers: list[tuple[str, str]]) -> list[int]:
         """With `--tokenizer` here, else through a healthy backend; [] when none can
         (the request is routed by load)."""
         if self.tokenizer is not None:
@@ -199,8 +198,10 @@ class RouterApp:
 
     # ---- forwarding --------------------------------------------------------------
 
-    async def forward(self, request: Request, path: str) -> Response:
-        raw = await request.body()
+    async def forward(self, path: str, raw: bytes, raw_headers: Headers) -> Response:
+        """The backend's response to the POST of `raw` to `path` (or the router's own
+        error), on the backend the policy picks; retried elsewhere while nothing has
+        reached the client."""
         try:
             body = json.loads(raw)
         except ValueError:
@@ -210,7 +211,7 @@ class RouterApp:
         problem = unencodable(raw, body)
         if problem is not None:
             return error(400, problem, "body")
-        headers = self.backend_headers(request)
+        headers = self.backend_headers(raw_headers)
         timing = Timing()
         tokens = await self.prompt_tokens(path, body, headers)
         timing.lap("tokenize")
@@ -235,12 +236,15 @@ class RouterApp:
                 self.metrics.retries.inc()
                 self.backends.mark_down(self.backends.by_instance(decision.instance_id),
                                         str(err))
+            except asyncio.CancelledError:  # the client left
+                self.router.finished(decision)
+                raise
 
-    def backend_headers(self, request: Request) -> dict[str, str]:
+    def backend_headers(self, raw_headers: Headers) -> list[tuple[str, str]]:
         """The client's headers to send on (with `--backend-api-key`, its own key)."""
         drop = HOP_HEADERS | ({"authorization"} if self.auth else set())
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in drop}
-        return {**headers, **self.auth}
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers]
+        return [(k, v) for k, v in headers if k.lower() not in drop] + list(self.auth.items())
 
     def _unknown_model(self, model: object) -> Response | None:
         """The backends' 404 when no backend, healthy or not, serves `model`."""
@@ -261,140 +265,53 @@ class RouterApp:
         self.metrics.routed(decision)
         return decision
 
-    async def _send(self, decision: Decision, path: str, raw: bytes, headers: dict[str, str],
-                    stream: bool, timing: Timing) -> Response:
+    async def _send(self, decision: Decision, path: str, raw: bytes,
+                    headers: list[tuple[str, str]], stream: bool, timing: Timing) -> Response:
         url = self.backends.by_instance(decision.instance_id).url + path
-        upstream = self.client.build_request("POST", url, content=raw, headers=headers)
         try:
-            reply = await self.client.send(upstream, stream=True)
-        except httpx.HTTPError as err:
-            raise _Failed(f"{type(err).__name__}: {err}") from None
-        if reply.status_code in RETRY_STATUSES:
-            await reply.aclose()
-            raise _Failed(f"answered {reply.status_code}")
+            reply = await self.upstream.request("POST", url, headers, raw)
+        except UpstreamError as err:
+            raise _Failed(str(err)) from None
+        if reply.status in RETRY_STATUSES:
+            reply.close()
+            raise _Failed(f"answered {reply.status}")
         timing.lap("backend")
-        out_headers = {k: v for k, v in reply.headers.items()
-                       if k.lower() not in HOP_HEADERS | {"content-encoding"}}
-        out_headers["x-hybridkv-backend"] = decision.instance_id
-        out_headers["server-timing"] = timing.header()
-        if stream and reply.status_code == 200:
-            return StreamingResponse(self._relay(decision, reply), status_code=200,
-                                     headers=out_headers)
+        out_headers = [(k, v) for k, v in reply.headers if k not in RELAY_DROP]
+        out_headers += [(b"x-hybridkv-backend", decision.instance_id.encode("latin-1")),
+                        (b"server-timing", timing.header().encode())]
+        if stream and reply.status == 200:
+            return RelayResponse(self._relay(decision, reply), 200, out_headers,
+                                 lambda: self._relayed(decision, reply))
         try:
-            content = await reply.aread()
-        except httpx.HTTPError as err:
-            raise _Failed(f"{type(err).__name__}: {err}") from None
+            content = await reply.read()
+        except UpstreamError as err:
+            raise _Failed(str(err)) from None
         finally:
-            await reply.aclose()
+            reply.close()
         self.router.finished(decision)
-        self.metrics.answered(decision, reply.status_code)
-        return Response(content, status_code=reply.status_code, headers=out_headers)
+        self.metrics.answered(decision, reply.status)
+        response = Response(content, status_code=reply.status)
+        response.raw_headers += out_headers
+        return response
 
-    async def _relay(self, decision: Decision, reply: httpx.Response) -> AsyncIterator[bytes]:
-        failed = False
+    async def _relay(self, decision: Decision, reply: Reply) -> AsyncIterator[bytes]:
         try:
-            async for chunk in reply.aiter_raw():
+            async for chunk in reply.chunks():
                 self.router.first_token(decision)
                 yield chunk
-        except httpx.HTTPError as err:
+        except UpstreamError as err:
             logger.warning("backend %s failed mid-stream: %s", decision.instance_id, err)
             self.backends.mark_down(self.backends.by_instance(decision.instance_id), str(err))
-            failed = True
+            self.router.finished(decision)
+            self.metrics.stream_failed(decision)
             message = {"error": {"message": f"backend {decision.instance_id} failed "
                                  "mid-stream", "type": "service_unavailable", "param": None,
                                  "code": "backend_failed"}}
             yield f"data: {json.dumps(message)}\n\n".encode()
-        finally:
-            await reply.aclose()
+
+    def _relayed(self, decision: Decision, reply: Reply) -> None:
+        """A relayed stream ended (done, failed, or the client left)."""
+        reply.close()
+        if not decision.done:  # a failed stream was counted when it failed
             self.router.finished(decision)
-            if failed:
-                self.metrics.stream_failed(decision)
-            else:
-                self.metrics.answered(decision, reply.status_code)
-
-
-def build_app(state: RouterApp) -> FastAPI:
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI):
-        await state.backends.check_all()
-        checker = asyncio.create_task(state.backends.run())
-        yield
-        checker.cancel()
-        await state.zmq.close()
-        if state.streams is not None:
-            await state.streams.close()
-        if state.store is not None:
-            await state.store.close()
-        await state.client.aclose()
-
-    app = FastAPI(title="hybridkv router", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
-    install_error_handlers(app)
-
-    @app.get("/health")
-    async def health() -> Response:
-        if state.backends.healthy():
-            return Response(status_code=200)
-        return error(503, "no healthy backend", code="no_backend")
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        seen: dict[str, Any] = {}
-        for backend in state.backends.healthy():
-            if backend.model and backend.model not in seen:
-                seen[backend.model] = {"id": backend.model, "object": "model",
-                                       "owned_by": "hybridkv"}
-        return JSONResponse({"object": "list", "data": list(seen.values())})
-
-    @app.post("/route/explain")
-    async def explain(request: Request) -> Response:
-        """What the policy would decide for a completion or chat body, sending
-        nothing: the backend and, per backend, reusable tokens, chain and load."""
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            return error(400, "the request body is not JSON", "body")
-        if not isinstance(body, dict):
-            return error(400, "the request body must be a JSON object", "body")
-        problem = unencodable(await request.body(), body)
-        if problem is not None:
-            return error(400, problem, "body")
-        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-        headers = state.backend_headers(request)
-        tokens = await state.prompt_tokens(path, body, headers)
-        if not tokens:
-            return error(400, "the prompt could not be turned into token ids", "prompt")
-        salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
-        model = body.get("model") if isinstance(body.get("model"), str) else None
-        stored = await state.store.stored(PromptHashes(tokens, salt)) if state.store else None
-        return JSONResponse(state.router.explain(tokens, cache_salt=salt, model=model,
-                                                 stored=stored))
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await _answer(state, request, "/v1/completions")
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await _answer(state, request, "/v1/chat/completions")
-
-    return app
-
-
-async def _answer(state: RouterApp, request: Request, path: str) -> Response:
-    """Forward the request, through the fleet-wide semantic cache when there is one."""
-    run = lambda: state.forward(request, path)  # noqa: E731
-    if state.semantic is None:
-        return await run()
-    try:
-        body = json.loads(await request.body())
-    except ValueError:
-        return await run()  # forward answers the 400
-    if not isinstance(body, dict):
-        return await run()
-    return await state.semantic.handle(body, path.endswith("chat/completions"),
-                                       request.headers.get("authorization"), run)
+            self.metrics.answered(decision, reply.status)

@@ -91,7 +91,8 @@ def run_router(args: argparse.Namespace) -> int:
                              f"a --backend")
     import uvicorn
 
-    from hybridkv.serving.router.app import RouterApp, build_app
+    from hybridkv.serving.router.app import RouterApp
+    from hybridkv.serving.router.endpoints import build_app
     from hybridkv.serving.router.routing import Router
 
     logging.basicConfig(level=args.log_level.upper(),
