@@ -143,6 +143,35 @@ def test_bad_policy_balance_and_metrics_text():
     assert load_from_metrics("") == (0, 0)
 
 
+def test_load_scan_agrees_with_the_prometheus_parser():
+    """The line scan of the two load gauges against prometheus_client's parser, on
+    label values with spaces and braces, several label sets, look-alike names,
+    timestamps and other families."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = ("# HELP vllm:num_requests_waiting Requests waiting.\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            'vllm:num_requests_waiting{model_name="a b} c",engine="0"} 4.0\n'
+            'vllm:num_requests_waiting{model_name="m",engine="1"} 1.0 1700000000000\n'
+            "# TYPE vllm:num_requests_running gauge\n"
+            "vllm:num_requests_running 2\n"
+            "# TYPE vllm:num_requests_running_total counter\n"
+            "vllm:num_requests_running_total 99.0\n"
+            "# TYPE vllm:num_requests_waiting_by_reason gauge\n"
+            'vllm:num_requests_waiting_by_reason{reason="x"} 7.0\n'
+            "# TYPE process_cpu_seconds_total counter\n"
+            "process_cpu_seconds_total 12.5\n")
+    want = {"vllm:num_requests_waiting": 0.0, "vllm:num_requests_running": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in want:
+                want[sample.name] += sample.value
+    assert load_from_metrics(text) == (int(want["vllm:num_requests_waiting"]),
+                                       int(want["vllm:num_requests_running"])) == (5, 2)
+    with pytest.raises(ValueError):
+        load_from_metrics("vllm:num_requests_waiting{model_name=\"m\"} many\n")
+
+
 def test_other_layouts_do_not_mix():
     router = Router()
     router.add_backend("a", LAYOUT, "m1")

@@ -34,7 +34,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 from fastapi.responses import JSONResponse, Response
 
 from hybridkv.serving.router.backends import Backends
@@ -100,6 +99,21 @@ def local_tokens(tokenizer: Any, query: dict[str, Any]) -> list[int]:
         return []
 
 
+def _json_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The client's headers for a JSON body of the router's own."""
+    kept = [(k, v) for k, v in headers if k.lower() != "content-type"]
+    return [*kept, ("content-type", "application/json")]
+
+
+def _tokens_of(answer: bytes) -> list[int]:
+    """The `tokens` of a `/tokenize` answer ([] if it has none)."""
+    try:
+        tokens = json.loads(answer).get("tokens")
+    except (ValueError, AttributeError):
+        return []
+    return list(tokens) if isinstance(tokens, list) else []
+
+
 class Timing:
     """The router's own stages of one request, for its `Server-Timing` header:
     `tokenize` (prompt to token ids), `route` (hashes, store query, decision;
@@ -138,16 +152,14 @@ class RouterApp:
         self.auth = {} if backend_api_key is None else \
             {"Authorization": f"Bearer {backend_api_key}"}
         self.tokenizer = load_local_tokenizer(tokenizer_dir) if tokenizer_dir else None
-        # the proxied requests; health checks, loads and /tokenize go through httpx
         self.upstream = UpstreamPool(read_timeout=request_timeout, connect_timeout=2.0)
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=2.0),
-                                        headers=self.auth)
         self.metrics = RouterMetrics(router)
         self.streams = EventStreams(events_url, router) if events_url else None
         self.store = StoreView(kv_store_url, router) if kv_store_url else None
         self.zmq = ZmqSources(router, kv_event_sources or [])
-        self.backends = Backends(backend_urls, router, self.client, interval=check_interval,
-                                 on_layout=self._joined, zmq_urls=self.zmq.urls)
+        self.backends = Backends(backend_urls, router, interval=check_interval,
+                                 on_layout=self._joined, zmq_urls=self.zmq.urls,
+                                 headers=list(self.auth.items()))
         self.metrics.backends = self.backends
         self.metrics.store = self.store
         self.metrics.streams = self.streams
@@ -185,14 +197,16 @@ class RouterApp:
             return local_tokens(self.tokenizer, query)
         if body.get("model") is not None:
             query["model"] = body["model"]
+        data = json.dumps(query).encode()
         for backend in self.backends.healthy():
             try:
-                reply = await self.client.post(f"{backend.url}/tokenize", json=query,
-                                               headers=headers, timeout=10.0)
-            except httpx.HTTPError:
+                reply = await self.upstream.request("POST", f"{backend.url}/tokenize",
+                                                    _json_headers(headers), data, 10.0)
+                answer = await reply.read()
+            except UpstreamError:
                 continue
-            if reply.status_code == 200:
-                return list(reply.json().get("tokens") or [])
+            if reply.status == 200:
+                return _tokens_of(answer)
             return []  # the backend refuses the input: it will say why to the client
         return []
 

@@ -19,16 +19,15 @@ check is logged at its first failure and again at the 10th, 100th, ...
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from hybridkv.kv_cache.specs import FullAttentionSpec
 from hybridkv.serving.router.layout import CacheLayout
 from hybridkv.serving.router.routing import Router
+from hybridkv.serving.router.upstream import UpstreamError, UpstreamPool
 
 logger = logging.getLogger("hybridkv.router")
 
@@ -45,29 +44,49 @@ class BackendState:
     zmq_events: bool = False  # its layout and blocks come from vLLM-format events
 
 
+LOAD_PREFIX = "vllm:num_requests_"
+
+
 def load_from_metrics(text: str) -> tuple[int, int]:
-    """(waiting, running) from a backend's Prometheus text (0 when absent)."""
+    """(waiting, running) from a backend's Prometheus text (0 when absent), summed
+    over label sets. Only the lines of these two samples are parsed:
+    `vllm:num_requests_waiting{model_name="m"} 3.0` -> 3 waiting."""
     values = {"vllm:num_requests_waiting": 0.0, "vllm:num_requests_running": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in values:
-                values[sample.name] += sample.value
+    for line in text.splitlines():
+        if line.startswith(LOAD_PREFIX):
+            name, value = _sample(line)
+            if name in values:
+                values[name] += value
     return int(values["vllm:num_requests_waiting"]), int(values["vllm:num_requests_running"])
+
+
+def _sample(line: str) -> tuple[str, float]:
+    """`name{labels} value [timestamp]` -> (name, value); ValueError if malformed."""
+    brace = line.find("{")
+    if brace >= 0:  # a label value may hold spaces and braces: the set ends at the last }
+        return line[:brace], float(line[line.rindex("}") + 1:].split()[0])
+    name, value = line.split()[:2]
+    return name, float(value)
+
+
+class BackendDown(Exception):
+    """A check's answer shows the backend cannot serve."""
 
 
 class Backends:
     """All backends by URL, kept in step with `router` (rotation, layouts, loads)."""
 
-    def __init__(self, urls: list[str], router: Router, client: httpx.AsyncClient, *,
-                 interval: float = 1.0, timeout: float = 2.0, on_layout=None,
-                 zmq_urls: frozenset[str] = frozenset()) -> None:
+    def __init__(self, urls: list[str], router: Router, *, interval: float = 1.0,
+                 timeout: float = 2.0, on_layout=None, zmq_urls: frozenset[str] = frozenset(),
+                 headers: list[tuple[str, str]] | None = None) -> None:
         if not urls:
             raise ValueError("the router needs at least one --backend URL")
         self.by_url = {u.rstrip("/"): BackendState(u.rstrip("/"),
                                                    zmq_events=u.rstrip("/") in zmq_urls)
                        for u in urls}
         self.router = router
-        self.client = client
+        self.pool = UpstreamPool(read_timeout=timeout, connect_timeout=timeout)
+        self.headers = headers or []  # sent with every check (the backend API key)
         self.interval = interval
         self.timeout = timeout
         self.on_layout = on_layout or (lambda state: None)  # a backend (re)joined
@@ -78,6 +97,9 @@ class Backends:
     def healthy(self) -> list[BackendState]:
         return [b for b in self.by_url.values() if b.healthy]
 
+    async def close(self) -> None:
+        await self.pool.close()
+
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(b) for b in self.by_url.values()))
 
@@ -87,19 +109,27 @@ class Backends:
             await self.check_all()
             await asyncio.sleep(self.interval)
 
+    async def get(self, url: str) -> bytes:
+        """The body of `GET url`; BackendDown unless it answers 200 within the timeout."""
+        try:
+            reply = await self.pool.request("GET", url, self.headers)
+            body = await reply.read()
+        except UpstreamError as err:
+            raise BackendDown(str(err)) from None
+        if reply.status != 200:
+            raise BackendDown(f"GET {url} answered {reply.status}")
+        return body
+
     async def check(self, backend: BackendState) -> None:
         try:
-            health = await self.client.get(f"{backend.url}/health", timeout=self.timeout)
-            if health.status_code != 200:
-                raise httpx.HTTPStatusError("unhealthy", request=health.request,
-                                            response=health)
+            await self.get(f"{backend.url}/health")
             if backend.zmq_events and backend.instance_id is None:
                 await self._join_by_url(backend)
             elif not backend.healthy or backend.instance_id is None:
                 await self._read_layout(backend)
-            metrics = await self.client.get(f"{backend.url}/metrics", timeout=self.timeout)
-            waiting, running = load_from_metrics(metrics.text)
-        except (httpx.HTTPError, ValueError, KeyError) as err:
+            metrics = await self.get(f"{backend.url}/metrics")
+            waiting, running = load_from_metrics(metrics.decode("utf-8", "replace"))
+        except (BackendDown, ValueError, KeyError, AttributeError) as err:
             self.mark_down(backend, f"{type(err).__name__}: {err}")
             return
         if backend.instance_id in self.router.loads:
@@ -110,10 +140,7 @@ class Backends:
         self.router.set_healthy(backend.instance_id, True)  # type: ignore[arg-type]
 
     async def _read_layout(self, backend: BackendState) -> None:
-        response = await self.client.get(f"{backend.url}/v1/kv_cache_layout",
-                                         timeout=self.timeout)
-        response.raise_for_status()
-        body: dict[str, Any] = response.json()
+        body: dict[str, Any] = json.loads(await self.get(f"{backend.url}/v1/kv_cache_layout"))
         layout = CacheLayout.from_json(body)
         instance_id = str(body.get("instance_id") or backend.url)
         if backend.instance_id is not None and backend.instance_id != instance_id:
@@ -126,9 +153,7 @@ class Backends:
     async def _join_by_url(self, backend: BackendState) -> None:
         """A backend followed through its ZMQ events: id = URL, and until its
         events name its groups, one full-attention group (no reuse credited)."""
-        response = await self.client.get(f"{backend.url}/v1/models", timeout=self.timeout)
-        response.raise_for_status()
-        models = response.json().get("data") or []
+        models = json.loads(await self.get(f"{backend.url}/v1/models")).get("data") or []
         backend.instance_id = backend.url
         backend.model = models[0].get("id") if models else None
         if backend.url not in self.router.backends:

@@ -41,7 +41,7 @@ def build_app(state: RouterApp) -> ProxyFront:
             await state.streams.close()
         if state.store is not None:
             await state.store.close()
-        await state.client.aclose()
+        await state.backends.close()
         await state.upstream.close()
 
     app = FastAPI(title="hybridkv router", lifespan=lifespan, docs_url=None, redoc_url=None,

@@ -97,8 +97,6 @@ def run_router(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs every request at INFO: the health checks alone would flood the log
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     state = RouterApp(Router(args.policy, args.balance), args.backend, args.events,
                       check_interval=args.check_interval, kv_store_url=args.kv_store,
                       backend_api_key=args.backend_api_key,

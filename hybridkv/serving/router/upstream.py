@@ -246,18 +246,22 @@ class UpstreamPool:
         self.tls: ssl.SSLContext | None = None
 
     async def request(self, method: str, url: str, headers: list[tuple[str, str]],
-                      body: bytes = b"") -> Reply:
-        """Send the request and read the reply's head; UpstreamError if that fails."""
+                      body: bytes = b"", read_timeout: float | None = None) -> Reply:
+        """Send the request and read the reply's head; UpstreamError if that fails.
+        `read_timeout` (default: the pool's) bounds every wait for a byte."""
         origin, target = split_url(url)
         data = encode_request(method, target, origin, headers, body)
+        seconds = read_timeout or self.read_timeout
         conn = self._pooled(origin)
         if conn is not None:
             try:
-                return Reply(self, conn, await self._exchange(conn, data, stale_ok=True), method)
+                head = await self._exchange(conn, data, seconds, stale_ok=True)
+                return Reply(self, conn, head, method)
             except _Stale:
                 pass  # the backend closed it as the request left: once more, anew
         conn = await self._connect(origin)
-        return Reply(self, conn, await self._exchange(conn, data, stale_ok=False), method)
+        head = await self._exchange(conn, data, seconds, stale_ok=False)
+        return Reply(self, conn, head, method)
 
     def release(self, conn: Connection, keep_alive: bool) -> None:
         """Back to the pool after a complete reply, or closed."""
@@ -279,7 +283,7 @@ class UpstreamPool:
         """What `err`, raised reading from `conn`, means, in words."""
         where = f"{conn.origin.host}:{conn.origin.port}"
         if conn.timed_out:
-            return f"{where} sent nothing for {self.read_timeout:g} s"
+            return f"{where} sent nothing for {conn.seconds:g} s"
         if isinstance(err, asyncio.IncompleteReadError):
             return f"{where} closed the connection before the reply ended"
         if isinstance(err, asyncio.LimitOverrunError):
@@ -311,14 +315,15 @@ class UpstreamPool:
                                 f"{err.strerror or err}") from None
         return Connection(origin, reader, writer)
 
-    async def _exchange(self, conn: Connection, data: bytes, stale_ok: bool) -> Head:
+    async def _exchange(self, conn: Connection, data: bytes, seconds: float,
+                        stale_ok: bool) -> Head:
         """Write the request, read the reply's head. _Stale (when `stale_ok`) if the
         connection closes before a byte arrives; UpstreamError for other failures."""
         try:
             conn.writer.write(data)
             if conn.writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                 await conn.writer.drain()
-            conn.arm(self.read_timeout)
+            conn.arm(seconds)
             raw = await conn.reader.readuntil(b"\r\n\r\n")
             conn.touch()
             return parse_head(raw)
