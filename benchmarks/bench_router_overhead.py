@@ -8,7 +8,10 @@ block, so its own work is the same every time) is sent one at a time,
 straight to the backend and through each router, in a shuffled order each
 round. Per target: time to the response headers and to the first streamed
 content (TTFT), median and p99 over the rounds, and the router's added
-latency (its median minus the direct one). `hybridkv route` also reports its
+latency (its median minus the direct one; and the median and p99 of the
+per-round differences, target minus direct); for each router process, the CPU
+time it used over the measured rounds per request (health checks and other
+background work included). `hybridkv route` also reports its
 own stages in the `Server-Timing` header (tokenize, route, backend), whose
 medians are listed.
 
@@ -22,7 +25,12 @@ shim: the cost of one Python proxy hop is `direct` minus `server`);
 directory); `hybridkv:POLICY+tok-fast`, the same run by `--router-python` (a
 Python with uvloop and httptools, which uvicorn then uses); and
 `vllm-router:cache_aware`, `sglang-router:cache_aware` (the peer routers'
-venv, see bench_routers.py).
+venv, see bench_routers.py). A `hybridkv` target ending in `@base` runs the
+router of another source tree (`--base-tree DIR`, put first on PYTHONPATH),
+to compare two versions of the router in one sitting:
+
+    ... --base-tree /path/to/other/checkout \
+        --targets direct,hybridkv:hybrid-prefix+tok,hybridkv:hybrid-prefix+tok@base
 """
 
 from __future__ import annotations
@@ -67,14 +75,20 @@ def start_routers(args, backends, log_dir: str, tokenizer_dir: str,
             out[name] = (backends[0].server_url, None)
         if name in ("direct", "server"):
             continue
-        router, _, tok = name.partition("+")
+        spec, _, tree = name.partition("@")
+        router, _, tok = spec.partition("+")
         port = free_port()
         python = args.router_python if tok.endswith("fast") else sys.executable
         argv = router_argv(router, port, backends, args.venv, args.model, python)
         if tok:
             argv += ["--tokenizer", tokenizer_dir]
+        env = None
+        if tree:
+            if tree != "base" or not args.base_tree:
+                raise ValueError(f"target {name!r}: '@base' needs --base-tree")
+            env = {"PYTHONPATH": os.path.abspath(args.base_tree)}
         log = os.path.join(log_dir, f"router-{name.replace(':', '-')}.log")
-        out[name] = (f"http://127.0.0.1:{port}", Process(argv, log))
+        out[name] = (f"http://127.0.0.1:{port}", Process(argv, log, env))
     for url, proc in out.values():
         if proc is not None:
             wait_health(url, proc.proc, 120)
@@ -109,21 +123,42 @@ async def measure(targets: dict[str, tuple], args) -> dict[str, list[dict]]:
     samples: dict[str, list[dict]] = {name: [] for name in targets}
     rng = random.Random(args.seed)
     names = list(targets)
+    cpu_at_start: dict[str, float] = {}
     async with httpx.AsyncClient(timeout=60) as client:
         for round_ in range(args.warmup + args.rounds):
+            if round_ == args.warmup:
+                cpu_at_start = cpu_seconds(targets)
             rng.shuffle(names)
             for name in names:
                 sample = await one(client, targets[name][0], body)
                 if round_ >= args.warmup:
                     samples[name].append(sample)
+    cpu = cpu_seconds(targets)
+    for name, seconds in cpu.items():
+        samples[name][0]["cpu_per_request"] = (seconds - cpu_at_start[name]) / args.rounds
     return samples
 
 
+def cpu_seconds(targets: dict[str, tuple]) -> dict[str, float]:
+    """CPU seconds (user + system, all threads) each router process has used."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, (_, proc) in targets.items():
+        if proc is not None:
+            with open(f"/proc/{proc.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[name] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def summarize(samples: dict[str, list[dict]]) -> dict:
+    """Per target; `added_*` against `direct`: the medians' difference, and the
+    median and p99 of the per-round differences (same round, same request)."""
     direct = statistics.median(s["ttft"] for s in samples["direct"])
     out = {}
     for name, runs in samples.items():
         ttft = [s["ttft"] for s in runs]
+        paired = [s["ttft"] - d["ttft"] for s, d in zip(runs, samples["direct"])]
         stages = {stage: statistics.median(s["stages"][stage] for s in runs)
                   for stage in (runs[0]["stages"] if runs else {})}
         out[name] = {"n": len(runs),
@@ -131,6 +166,9 @@ def summarize(samples: dict[str, list[dict]]) -> dict:
                      "ttft_p50_ms": 1e3 * statistics.median(ttft),
                      "ttft_p99_ms": 1e3 * percentile(ttft, 0.99),
                      "added_p50_ms": 1e3 * (statistics.median(ttft) - direct),
+                     "added_paired_p50_ms": 1e3 * statistics.median(paired),
+                     "added_paired_p99_ms": 1e3 * percentile(paired, 0.99),
+                     "cpu_ms_per_request": 1e3 * runs[0].get("cpu_per_request", 0.0),
                      "stages_p50_ms": {k: 1e3 * v for k, v in stages.items()}}
     return out
 
@@ -144,6 +182,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--router-python", default=sys.executable,
                     help="the Python that runs targets named `+tok-fast` (one with uvloop "
                          "and httptools, which uvicorn then uses)")
+    ap.add_argument("--base-tree", default=None, metavar="DIR",
+                    help="the source tree that runs targets ending in `@base`")
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--document-words", type=int, default=120)

@@ -95,6 +95,18 @@ def test_chunked_body_comes_back_piece_by_piece_and_the_connection_is_reused():
     assert request.endswith(b'content-length: 8\r\n\r\n{"a": 1}')
 
 
+def test_an_interim_reply_is_skipped():
+    script = lambda _: [b"HTTP/1.1 100 Continue\r\n\r\n",  # noqa: E731
+                        b"HTTP/1.1 201 Created\r\ncontent-length: 4\r\n\r\ndone"]
+
+    async def main():
+        async with Server(script) as server:
+            reply = await UpstreamPool().request("POST", server.url + "/x", [], b"")
+            assert (reply.status, await reply.read()) == (201, b"done")
+
+    run(main())
+
+
 def test_content_length_body_and_an_error_status_with_its_body():
     body = b'{"error": {"message": "max_tokens must be at least 1", "param": "max_tokens"}}'
 

@@ -47,7 +47,8 @@ from hybridkv.serving.router.zmq_source import EventSource, ZmqSources
 
 logger = logging.getLogger("hybridkv.router")
 RETRY_STATUSES = (502, 503, 504)
-HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
+HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive",
+               "expect", "te", "upgrade", "proxy-connection"}
 # a backend's reply headers not relayed (the body is relayed as its bytes came,
 # less the chunked framing: its content-encoding stays)
 RELAY_DROP = {name.encode() for name in HOP_HEADERS}
@@ -89,10 +90,12 @@ def local_tokens(tokenizer: Any, query: dict[str, Any]) -> list[int]:
     they cannot be rendered: the backend will say why)."""
     try:
         if "messages" in query:
-            ids = tokenizer.apply_chat_template(query["messages"], add_generation_prompt=True,
-                                                tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-            return [int(t) for t in ids]
+            # rendered, then encoded without special tokens, as the backend does (the
+            # template writes those it wants); asking the template to tokenize costs
+            # about 0.5 ms more per request here
+            text = tokenizer.apply_chat_template(query["messages"], add_generation_prompt=True,
+                                                 tokenize=False)
+            return list(tokenizer.encode(text, add_special_tokens=False))
         prompt = query.get("prompt")
         return list(tokenizer(prompt).input_ids) if isinstance(prompt, str) else []
     except Exception:  # noqa: BLE001 - bad messages: routed by load, refused by the backend

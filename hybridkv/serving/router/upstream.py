@@ -324,9 +324,11 @@ class UpstreamPool:
             if conn.writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                 await conn.writer.drain()
             conn.arm(seconds)
-            raw = await conn.reader.readuntil(b"\r\n\r\n")
-            conn.touch()
-            return parse_head(raw)
+            while True:
+                head = parse_head(await conn.reader.readuntil(b"\r\n\r\n"))
+                conn.touch()
+                if head.status >= 200 or head.status == 101:
+                    return head  # (an interim 1xx, such as 100 Continue, is skipped)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as err:
             conn.abort()
             if stale_ok and not conn.timed_out and _nothing_read(err):
