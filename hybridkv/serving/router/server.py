@@ -103,6 +103,7 @@ def run_router(args: argparse.Namespace) -> int:
                       kv_event_sources=sources, tokenizer_dir=args.tokenizer)
     state.semantic = _semantic_front(args, state)
     _freeze_startup_objects()
+    # no access log and no X-Forwarded-* rewriting: neither is read, both cost per request
     uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level,
-                access_log=False)
+                access_log=False, proxy_headers=False)
     return 0
