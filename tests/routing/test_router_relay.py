@@ -38,6 +38,7 @@ class Scripted(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     broken: list[float] = []  # when an endless stream found its connection closed
+    ports: list[int] = []  # the router's port of each POST's connection
 
     def log_message(self, *args) -> None:
         pass
@@ -50,6 +51,7 @@ class Scripted(BaseHTTPRequestHandler):
         self._send(200 if body is not None else 404, body or b"")
 
     def do_POST(self) -> None:
+        Scripted.ports.append(self.client_address[1])
         request = json.loads(self.rfile.read(int(self.headers["content-length"])))
         mode = request.get("user")
         if mode == "refuse":
@@ -113,6 +115,13 @@ def test_streamed_events_arrive_unchanged(router, mode):
         assert "backend;dur=" in reply.headers["server-timing"]
         body = reply.read()
     assert body == b"".join(chat_events(4)) + b"data: [DONE]\n\n"
+
+
+def test_requests_in_turn_share_one_backend_connection(router):
+    for mode in ("chunked", "length", "chunked", "refuse", "chunked"):
+        httpx.post(f"{router.url}/v1/chat/completions", timeout=30, json={
+            "model": MODEL, "messages": [], "user": mode, "stream": mode != "refuse"})
+    assert len(set(Scripted.ports[-5:])) == 1, Scripted.ports
 
 
 def test_an_error_status_comes_back_with_its_body(router):
