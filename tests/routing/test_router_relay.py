@@ -31,7 +31,8 @@ def chat_events(n: int) -> list[bytes]:
 
 
 class Scripted(BaseHTTPRequestHandler):
-    """GETs a router needs; POST /v1/chat/completions as the body's `user` says:
+    """GETs and `/tokenize` as a router needs; POST /v1/chat/completions as the
+    body's `user` says:
     `chunked`, `length` (one content-length body), `endless` (an event every 50 ms
     until the connection breaks), `cut` (two events, then the connection closes),
     `refuse` (a 400 with an OpenAI error body)."""
@@ -51,8 +52,10 @@ class Scripted(BaseHTTPRequestHandler):
         self._send(200 if body is not None else 404, body or b"")
 
     def do_POST(self) -> None:
-        Scripted.ports.append(self.client_address[1])
         request = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        if self.path == "/tokenize":  # the router's, for chat: any ids will do
+            return self._send(200, b'{"tokens": [5, 6, 7]}')
+        Scripted.ports.append(self.client_address[1])
         mode = request.get("user")
         if mode == "refuse":
             error = {"error": {"message": "max_tokens must be at least 1",

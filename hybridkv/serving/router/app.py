@@ -5,10 +5,10 @@ prompt as it is; text and chat messages through a backend's `POST /tokenize`,
 so the router hashes exactly what the backend will), routed by the policy
 (`Router.route`, salted by the request's `cache_salt`; with `--kv-store`,
 after asking the shared store which of its blocks it holds, `StoreView`), and
-forwarded with its headers. Streams pass through as they come. The response carries
-`x-hybridkv-backend: <instance id>`. `POST /route/explain` takes the same
-body and answers what the policy would decide, sending nothing (per backend:
-reusable tokens, cached full-attention chain, health and load).
+forwarded with its headers over the router's own HTTP/1.1 client
+(`upstream.py`). Streams pass through as they come (`relay.py`). The response
+carries `x-hybridkv-backend: <instance id>` and `Server-Timing`. The HTTP
+routes are in `endpoints.py`.
 
 A backend that cannot be reached, or answers 502/503/504, before the
 response has started is taken out of rotation and the request is sent to
