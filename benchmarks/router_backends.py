@@ -90,7 +90,7 @@ class Backend:
     replay: int
     process: Process
     block_size: int = HYBRIDKV_BLOCK_SIZE  # tokens per block in its events
-    num_blocks: int = 0  # its KV blocks (vLLM's own count, read back; 0: not read)
+    num_blocks: int = 0  # its KV blocks (for vLLM, its own count read back once healthy)
 
 
 def events_config(pub: int, replay: int) -> str:
@@ -134,8 +134,9 @@ def start_backends(args, log_dir: str) -> tuple[list[Backend], Process | None]:
         argv, env = command(args, port, pub, replay)
         server = f"http://127.0.0.1:{port}"
         url = server if vllm else f"http://127.0.0.1:{free_port()}"
-        out.append(Backend(url, server, pub, replay,
-                           Process(argv, os.path.join(log_dir, f"backend{i}.log"), env)))
+        process = Process(argv, os.path.join(log_dir, f"backend{i}.log"), env)
+        out.append(Backend(url, server, pub, replay, process,
+                           num_blocks=0 if vllm else args.num_blocks))
     shim = None if vllm else start_shim(out, log_dir)
     try:
         for b in out:
