@@ -60,8 +60,8 @@ async def one_request(client: httpx.AsyncClient, url: str, messages: list[dict],
                       result: Result) -> str:
     body = {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-    if args.ignore_eos:  # every answer then has content (random weights may end at once)
-        body["ignore_eos"] = True
+    if args.ignore_eos:  # random weights may emit EOS at once, and nothing but EOS after
+        body.update(ignore_eos=True, skip_special_tokens=False)
     start = time.perf_counter()
     first, text = None, []
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as reply:
