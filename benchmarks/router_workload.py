@@ -4,7 +4,8 @@ Documents (runs of words from the tokenizer's sample text) are system messages, 
 with Zipf popularity; each conversation asks several questions in turn (a turn re-sends
 the conversation with the real answer and waits for it plus an exponential think time);
 conversations start at Poisson times. Requests are streamed; TTFT is the time from the
-send to the first streamed content. Everything is fixed by the seed but the answers.
+send to the first streamed content (with `ignore_eos`, to the first streamed token id).
+Everything is fixed by the seed but the answers.
 """
 
 from __future__ import annotations
@@ -56,14 +57,37 @@ def plan(args) -> list[tuple[float, int, list[str]]]:
     return out
 
 
-async def one_request(client: httpx.AsyncClient, url: str, messages: list[dict], args,
-                      result: Result) -> str:
+def request_body(messages: list[dict], args) -> dict:
     body = {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-    if args.ignore_eos:  # random weights may emit EOS at once, and nothing but EOS after
-        body.update(ignore_eos=True, skip_special_tokens=False)
+    if args.ignore_eos:
+        # random weights may emit EOS at once, or tokens whose text the detokenizer
+        # holds back (part of a UTF-8 character): with token ids in every chunk, the
+        # first token is seen even when no text streams
+        body.update(ignore_eos=True, skip_special_tokens=False, return_token_ids=True)
+    return body
+
+
+def read_chunk(chunk: dict, text: list[str], result: Result) -> bool:
+    """Append the chunk's content to `text`; True when it carries a generated token
+    (content, or token ids where they were asked for)."""
+    produced = False
+    for choice in chunk.get("choices") or []:
+        piece = (choice.get("delta") or {}).get("content")
+        if piece:
+            text.append(piece)
+        produced = produced or bool(piece) or bool(choice.get("token_ids"))
+    usage = chunk.get("usage")
+    if usage:
+        result.output_tokens += usage.get("completion_tokens", 0)
+    return produced
+
+
+async def one_request(client: httpx.AsyncClient, url: str, messages: list[dict], args,
+                      result: Result) -> str:
     start = time.perf_counter()
     first, text = None, []
+    body = request_body(messages, args)
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as reply:
         if reply.status_code != 200:
             result.errors.append(f"{reply.status_code}: {(await reply.aread())[:200]!r}")
@@ -73,17 +97,10 @@ async def one_request(client: httpx.AsyncClient, url: str, messages: list[dict],
         async for line in reply.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = json.loads(line[6:])
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    first = first or time.perf_counter()
-                    text.append(piece)
-            usage = chunk.get("usage")
-            if usage:
-                result.output_tokens += usage.get("completion_tokens", 0)
+            if read_chunk(json.loads(line[6:]), text, result):
+                first = first or time.perf_counter()
     if first is None:
-        result.errors.append("no content streamed")
+        result.errors.append("no token streamed")
         return ""
     result.ttft.append(first - start)
     return "".join(text)
