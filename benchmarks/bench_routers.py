@@ -272,10 +272,10 @@ def parse_args(argv: list[str] | None):
                     help="asked of vLLM (it may raise it: the events say what it used)")
     ap.add_argument("--vllm-python", default="/work/venvs/vllm/bin/python")
     ap.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
-                    help="send ignore_eos, skip_special_tokens=false and "
-                         "return_token_ids, and time the first token id (not the first "
-                         "text); default: on for vLLM backends (the random-weight "
-                         "checkpoints emit EOS, or held-back partial characters, at times)")
+                    help="send ignore_eos, skip_special_tokens=false and logprobs, and "
+                         "time the first token (not the first text); default: on for vLLM "
+                         "backends (the random-weight checkpoints emit EOS, or held-back "
+                         "partial characters, at times)")
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--rotate", type=int, default=0,
                     help="start the router list at this position (vary the order across runs)")

@@ -4,7 +4,7 @@ Documents (runs of words from the tokenizer's sample text) are system messages, 
 with Zipf popularity; each conversation asks several questions in turn (a turn re-sends
 the conversation with the real answer and waits for it plus an exponential think time);
 conversations start at Poisson times. Requests are streamed; TTFT is the time from the
-send to the first streamed content (with `ignore_eos`, to the first streamed token id).
+send to the first streamed content (with `ignore_eos`, to the first streamed token).
 Everything is fixed by the seed but the answers.
 """
 
@@ -62,21 +62,21 @@ def request_body(messages: list[dict], args) -> dict:
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     if args.ignore_eos:
         # random weights may emit EOS at once, or tokens whose text the detokenizer
-        # holds back (part of a UTF-8 character): with token ids in every chunk, the
-        # first token is seen even when no text streams
-        body.update(ignore_eos=True, skip_special_tokens=False, return_token_ids=True)
+        # holds back (part of a UTF-8 character): with logprobs (a field every router
+        # forwards) each token comes in a chunk of its own even when no text streams
+        body.update(ignore_eos=True, skip_special_tokens=False, logprobs=True)
     return body
 
 
 def read_chunk(chunk: dict, text: list[str], result: Result) -> bool:
     """Append the chunk's content to `text`; True when it carries a generated token
-    (content, or token ids where they were asked for)."""
+    (content, or a token's logprob where they were asked for)."""
     produced = False
     for choice in chunk.get("choices") or []:
         piece = (choice.get("delta") or {}).get("content")
         if piece:
             text.append(piece)
-        produced = produced or bool(piece) or bool(choice.get("token_ids"))
+        produced = produced or bool(piece) or bool((choice.get("logprobs") or {}).get("content"))
     usage = chunk.get("usage")
     if usage:
         result.output_tokens += usage.get("completion_tokens", 0)
