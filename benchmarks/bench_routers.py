@@ -268,8 +268,10 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--kv-bytes", type=int, default=None,
                     help="each vLLM backend's KV memory (--kv-cache-memory-bytes); default: "
                          "what --num-blocks hybridkv blocks take on the same checkpoint")
-    ap.add_argument("--vllm-block-size", type=int, default=16,
-                    help="asked of vLLM (it may raise it: the events say what it used)")
+    ap.add_argument("--vllm-block-size", type=int, default=32,
+                    help="asked of vLLM (its CPU attention takes multiples of 32; for a "
+                         "hybrid model it raises 16 to 32 itself; the events say what it "
+                         "used)")
     ap.add_argument("--vllm-python", default="/work/venvs/vllm/bin/python")
     ap.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
                     help="send ignore_eos, skip_special_tokens=false and logprobs, and "
