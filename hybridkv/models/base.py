@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from hybridkv.kernels.attention import AttentionBatch, paged_attention, write_kv
+from hybridkv.kernels.norm_rope import norm_rope_qk
 from hybridkv.kv_cache.specs import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -237,11 +238,12 @@ class ModelRunner(ABC):
     def decoder_layer(self, index: int, layer: nn.Module, hidden: torch.Tensor, step: Step,
                       batch: AttentionBatch) -> torch.Tensor:
         """Pre-norm decoder layer: h += attn(norm(h)); h += ffn(norm(h)). hidden: [T, hidden]."""
-        norm = self.norms.apply
+        norms = self.norms
         attn_out = self.self_attention(index, layer.self_attn,
-                                       norm(layer.input_layernorm, hidden), step, batch)
-        hidden = hidden + attn_out
-        return hidden + self.feed_forward(layer, norm(layer.post_attention_layernorm, hidden))
+                                       norms.apply(layer.input_layernorm, hidden), step, batch)
+        hidden, x = norms.residual(hidden, attn_out, None, layer.post_attention_layernorm)
+        assert x is not None
+        return hidden + self.feed_forward(layer, x)
 
     def feed_forward(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The layer's MLP on x [T, hidden]."""
@@ -282,10 +284,30 @@ class ModelRunner(ABC):
     def apply_rope(self, index: int, q: torch.Tensor, k: torch.Tensor,
                    step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k by the layer's rotary table (unchanged for NoPE layers)."""
+        return self.norm_rope(index, q, k, step)
+
+    def norm_rope(self, index: int, q: torch.Tensor, k: torch.Tensor, step: Step,
+                  q_norm: nn.Module | None = None, k_norm: nn.Module | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RMSNorm each head of q [T, Hq, D] and k [T, Hkv, D] by `q_norm` / `k_norm`
+        (where given), then rotate them by the layer's rotary table (none: NoPE). One
+        kernel call, in place, where `norm_rope_qk` takes them; else module by module."""
         key = self.attn_layers[index].rope_key
-        if key is None:
+        rotary = None if key is None else self.rotaries[key]
+        if rotary is not None and not rotary.interleaved:
+            norms = [None if m is None else self.norms.weight(m, q) for m in (q_norm, k_norm)]
+            if all(w is not None or m is None for w, m in zip(norms, (q_norm, k_norm))):
+                cos, sin = step.angles[key]  # type: ignore[index]
+                done = norm_rope_qk(q, k, cos, sin, norms[0], norms[1])
+                if done is not None:
+                    return done
+        if q_norm is not None:
+            q = self.norms.apply(q_norm, q)
+        if k_norm is not None:
+            k = self.norms.apply(k_norm, k)
+        if rotary is None:
             return q, k
-        rotary, (cos, sin) = self.rotaries[key], step.angles[key]
+        cos, sin = step.angles[key]  # type: ignore[index]
         return rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
 
     def attention_sinks(self, attn: nn.Module) -> torch.Tensor | None:
