@@ -123,12 +123,15 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    memo: dict | None = None,
 ) -> None:
     """Write new tokens' K/V into the paged caches, in place.
 
     `key`/`value`: `[num_tokens, num_kv_heads, head_dim]`; caches:
     `[num_blocks, block_size, num_kv_heads, head_dim]`; `slot_mapping`: `[num_tokens]` with
-    `slot = block_id * block_size + offset` (every slot must be a valid index).
+    `slot = block_id * block_size + offset` (every slot must be a valid index). `memo`: a
+    dict living no longer than `slot_mapping` (the batch's `plans`), where the row index
+    derived from the slots is kept for the group's other layers.
     Raises ValueError on mismatched shapes.
     """
     if key.shape != value.shape or key.dim() != 3:
@@ -143,7 +146,7 @@ def write_kv(
     if slot_mapping.shape != (key.shape[0],):
         raise ValueError(f"slot_mapping shape {tuple(slot_mapping.shape)} must be "
                          f"({key.shape[0]},), one slot per token")
-    scatter_slots(slot_mapping, (k_cache, key), (v_cache, value))
+    scatter_slots(slot_mapping, (k_cache, key), (v_cache, value), memo=memo)
 
 
 def paged_attention(

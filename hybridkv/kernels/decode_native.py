@@ -53,21 +53,43 @@ def can_decode_natively(query: torch.Tensor, k_cache: torch.Tensor,
 
 def native_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             slots: torch.Tensor, counts: torch.Tensor, num_keys: int,
-                            scale: float) -> torch.Tensor | None:
+                            scale: float, memo: dict | None = None) -> torch.Tensor | None:
     """Attention of one query per sequence, `query` `[S, Hq, D]` -> `[S, Hq, D]`, or None
     when the caches cannot be seen as token rows (then the caller takes the torch path).
 
     `slots` (int64 `[S * num_keys]`) are the cache slots each sequence reads, of which the
-    first `counts[s]` (int64 `[S]`, each in 1..num_keys) are visible keys.
+    first `counts[s]` (int64 `[S]`, each in 1..num_keys) are visible keys. `memo`: a dict
+    living no longer than `slots` and `counts` (the layout's), where the row index and
+    the bounds checks are kept for the other layers that read the same slots.
     """
     assert _decode_attn is not None, "the C decode kernel is not built"
-    found = row_views_and_index((k_cache, v_cache), slots)
+    found = row_views_and_index((k_cache, v_cache), slots, memo)
     if found is None:
         return None
     (k_rows, v_rows), index = found  # rows: [num_rows, Hkv, D]; index: [S * num_keys]
     num_seqs, num_q_heads, head_dim = query.shape
     num_rows = min(k_rows.shape[0], v_rows.shape[0])
-    # checked here, not by asserts: the kernel reads raw pointers (and `python -O` drops asserts)
+    key = ("checked", id(index), id(counts), num_seqs, num_keys, num_rows)
+    checked = None if memo is None else memo.get(key)
+    if checked is None:
+        checked = _checked(index, counts, num_seqs, num_keys, num_rows)
+        if memo is not None:
+            memo[key] = checked
+    index, counts = checked
+    q = query.contiguous()
+    out = torch.empty_like(q)  # [S, Hq, D]
+    if num_seqs:
+        _decode_attn.decode(q.data_ptr(), out.data_ptr(), k_rows.data_ptr(), v_rows.data_ptr(),
+                            index.data_ptr(), counts.data_ptr(), num_seqs, num_q_heads,
+                            k_rows.shape[1], head_dim, num_keys, k_rows.stride(0), scale)
+    return out
+
+
+def _checked(index: torch.Tensor, counts: torch.Tensor, num_seqs: int, num_keys: int,
+             num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index, counts) as the kernel reads them (contiguous int64), once their bounds are
+    checked. Checked here, not by asserts: the kernel reads raw pointers (and `python -O`
+    drops asserts). ValueError naming what is out of bounds."""
     if index.numel() != num_seqs * num_keys:
         raise ValueError(f"{index.numel()} slots for {num_seqs} sequences of {num_keys} keys")
     if index.numel() and not (0 <= int(index.min()) and int(index.max()) < num_rows):
@@ -76,11 +98,4 @@ def native_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     if counts.numel() != num_seqs or (num_seqs and not (
             int(counts.min()) >= 1 and int(counts.max()) <= num_keys)):
         raise ValueError(f"key counts must be {num_seqs} values in 1..{num_keys}")
-    q = query.contiguous()
-    out = torch.empty_like(q)  # [S, Hq, D]
-    if num_seqs:
-        index = index.contiguous()
-        _decode_attn.decode(q.data_ptr(), out.data_ptr(), k_rows.data_ptr(), v_rows.data_ptr(),
-                            index.data_ptr(), counts.data_ptr(), num_seqs, num_q_heads,
-                            k_rows.shape[1], head_dim, num_keys, k_rows.stride(0), scale)
-    return out
+    return index.contiguous(), counts

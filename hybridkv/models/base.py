@@ -269,7 +269,7 @@ class ModelRunner(ABC):
         v = v.view(num_tokens, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
         q, k = self.transform_qk(index, attn, q, k, step)
         k_cache, v_cache = self.kv_caches[spec.name]
-        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        write_kv(k, v, k_cache, v_cache, batch.slot_mapping, batch.plans)
         out = paged_attention(q, k_cache, v_cache, batch, scale=spec.scale,
                               sliding_window=spec.sliding_window, chunk_size=spec.chunk_size,
                               softcap=spec.softcap, sinks=self.attention_sinks(attn))
