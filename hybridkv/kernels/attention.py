@@ -31,6 +31,7 @@ import torch
 from hybridkv.kernels.attention_batched import Tile, attend_group, group_tiles, plan_tiles
 from hybridkv.kernels.attention_decode import decode_attention, decode_layout, is_decode_batch
 from hybridkv.kernels.attention_flash import can_use_flash_attention, flash_paged_attention
+from hybridkv.kernels.decode_native import decode_from_table
 from hybridkv.kernels.paged_rows import scatter_slots
 
 # Query rows per dense score tile in the torch path: bounds memory at QUERY_TILE x keys per head
@@ -197,6 +198,10 @@ def torch_paged_attention(
     batch (`attention_decode`), else groups of similar query tiles."""
     block_size = k_cache.shape[1]
     if is_decode_batch(query, batch, rules, sinks):
+        out = decode_from_table(query, k_cache, v_cache, batch, rules.sliding_window,
+                                rules.chunk_size, rules.scale)
+        if out is not None:
+            return out
         layout = decode_layout(batch, rules, block_size)
         return decode_attention(query, k_cache, v_cache, layout, rules.scale)
     plan = _plan(batch, rules, block_size, query)

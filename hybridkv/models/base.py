@@ -102,6 +102,8 @@ class ModelRunner(ABC):
         self.max_model_len = int(config.max_position_embeddings)
         self.eos_token_ids = _eos_token_ids(model)
         self.dtype = next(model.parameters()).dtype
+        # read once: a transformers config's attribute lookup costs microseconds per step
+        self.final_logit_softcap = getattr(config, "final_logit_softcapping", None)
         self.rotaries: dict[str, RotaryEmbedding] = {}
         self.attn_layers = self.build_attention_layers()
         self.kv_caches: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -229,7 +231,7 @@ class ModelRunner(ABC):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head (+ final logit softcapping when the config has it) -> float32 [S, vocab]."""
         logits = self.linears.apply(self.model.lm_head, hidden)
-        cap = getattr(self.config, "final_logit_softcapping", None)
+        cap = self.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
