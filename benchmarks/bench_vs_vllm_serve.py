@@ -16,7 +16,7 @@ round, for `--rounds` rounds. Workloads:
 hybridkv's engine thread is bound to one core (`--cpu-bind auto`, as vLLM's CPU worker
 binds its compute thread by default); the engine `hybridkv-unbound` is the same server
 left unbound, for comparison. Block sizes: each engine's default (hybridkv 16, vLLM's CPU
-default 128) and 16 for both.
+default 128), or one size for both (`--block-modes 16,128`).
 vLLM runs at its defaults (torch.compile) and with `--enforce-eager`; the faster of the two
 (median requests/s) is the anchor of the ratios. Prefix hit rates come from each server's
 `/metrics`. Results: `--out DIR/vs_vllm_serve.json`, one PNG per workload, server logs.
@@ -73,7 +73,8 @@ def parse_args() -> argparse.Namespace:
                     help=f"comma-separated, from {', '.join(CHECKPOINTS)}")
     ap.add_argument("--workloads", default="random,prefix,pressure,chat")
     ap.add_argument("--block-modes", default="default,16",
-                    help="'default' (each engine's own) and/or '16' (both at 16)")
+                    help="'default' (each engine's own) and/or a block size for both "
+                         "(16, 128, ...)")
     ap.add_argument("--engines", default="hybridkv,vllm,vllm-eager")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=8)
@@ -112,13 +113,22 @@ def kv_bytes_for(workload: str, checkpoint: str) -> int:
     return NO_PRESSURE_BYTES
 
 
+def block_size_for(mode: str, engine: str) -> int:
+    """'default': each engine's own block size; a number: that size for both."""
+    if mode == "default":
+        return 16 if is_hybridkv(engine) else VLLM_DEFAULT_BLOCK
+    if not mode.isdigit() or int(mode) % 16:
+        raise SystemExit(f"--block-modes: {mode!r} is neither 'default' nor a multiple of 16")
+    return int(mode)
+
+
 def server_configs(engines: list[str], checkpoint: str, workload: str, mode: str,
                    threads: int, cpu_bind: str = "none") -> list[ServerConfig]:
     """One config per engine, equal KV bytes (block counts from the shared-pool layout)."""
     kv_bytes = kv_bytes_for(workload, checkpoint)
     configs = []
     for engine in engines:
-        block = 16 if mode == "16" or is_hybridkv(engine) else VLLM_DEFAULT_BLOCK
+        block = block_size_for(mode, engine)
         num_blocks = kv_bytes // bytes_per_block(checkpoint, block)
         bind = "none" if engine == "hybridkv-unbound" else cpu_bind
         configs.append(ServerConfig(engine, checkpoint, block, num_blocks, kv_bytes, threads,
