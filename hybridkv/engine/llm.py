@@ -15,7 +15,7 @@ import torch
 from hybridkv.engine.chat import render_conversations
 from hybridkv.engine.executor import ModelExecutor
 from hybridkv.engine.logprobs import PromptRows, add_prompt_logprobs, forward_with_rows, prompt_rows
-from hybridkv.engine.outputs import OutputProcessor, is_plain_greedy
+from hybridkv.engine.outputs import OutputProcessor
 from hybridkv.engine.sampling import (
     RequestOutput,
     Sampler,
@@ -237,7 +237,6 @@ class LLM:
         finished = 0
         row = -1
         now = None
-        argmax = _greedy_rows(batch, logits)
         for item in batch:
             if not item.samples:
                 continue
@@ -246,8 +245,7 @@ class LLM:
             if seq.finish_reason is not None:  # failed earlier in this step
                 continue
             try:
-                token = self.outputs.next_token(seq, logits[row],
-                                                None if argmax is None else argmax[row])
+                token = self.outputs.next_token(seq, logits[row])
             except Exception as error:
                 finished += self._fail(seq, "sampling", error)
                 continue
@@ -403,14 +401,6 @@ class LLM:
         """Write what the KV store's writer still holds, then close the store."""
         if self.tier is not None:
             self.tier.close()
-
-
-def _greedy_rows(batch: list[ScheduledSeq], logits: torch.Tensor) -> list[int] | None:
-    """Every logits row's argmax, taken in one call when some sampled request is plain
-    greedy (else None: each row is sampled on its own)."""
-    if not any(item.samples and is_plain_greedy(item.seq.params) for item in batch):
-        return None
-    return logits.argmax(dim=-1).tolist()
 
 
 def _check_device_memory(config: KVCacheConfig, device: str) -> None:

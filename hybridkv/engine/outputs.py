@@ -37,17 +37,16 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.runner = runner
 
-    def next_token(self, seq: SeqState, logits: torch.Tensor,
-                   argmax: int | None = None) -> int:
+    def next_token(self, seq: SeqState, logits: torch.Tensor) -> int:
         """Sample from the row `logits` [vocab] (with the request's extras) and
-        append the token, with its logprobs when asked. `argmax`: the row's argmax
-        when the caller took it (a batch's greedy rows in one call), used when the
-        request is greedy with no logits extras."""
+        append the token, with its logprobs when asked."""
         params, req = seq.params, seq.request
-        if argmax is not None and is_plain_greedy(params):
-            token = argmax
-        else:
-            token = self._sample(seq, logits)
+        processed = logits
+        if params.has_logits_processing:
+            stop_ids = {*self.runner.eos_token_ids, *params.stop_token_ids}
+            processed = process_logits(logits, params, req.prompt_token_ids,
+                                       req.output_token_ids, stop_ids)
+        token = self.sampler.sample(processed, seq.request_id, params, seq.index)
         if params.logprobs is None:
             req.append_output_token_ids(token)
             return token
@@ -55,15 +54,6 @@ class OutputProcessor:
         req.append_output_token_ids(token)
         seq.logprobs.append(entry)
         return token
-
-    def _sample(self, seq: SeqState, logits: torch.Tensor) -> int:
-        params, req = seq.params, seq.request
-        processed = logits
-        if params.has_logits_processing:
-            stop_ids = {*self.runner.eos_token_ids, *params.stop_token_ids}
-            processed = process_logits(logits, params, req.prompt_token_ids,
-                                       req.output_token_ids, stop_ids)
-        return self.sampler.sample(processed, seq.request_id, params, seq.index)
 
     def stop_reason(self, seq: SeqState, token: int) -> str | None:
         params = seq.params
@@ -129,8 +119,3 @@ class OutputProcessor:
             if found is not None:
                 text = text[:found[0]]
         return text
-
-
-def is_plain_greedy(params: Any) -> bool:
-    """Whether a request's token is the argmax of its raw logits row."""
-    return params.temperature == 0 and not params.has_logits_processing
