@@ -9,7 +9,9 @@ Each needs only a C compiler and Python's headers and links no library:
 - `hybridkv._native._fastpath` (the KV cache manager's hot paths, `_fp_*.c`);
 - `hybridkv._native._codec` (the KV tier's batch encoding and eviction selection);
 - `hybridkv._native._decode_attn` (decode attention read in place from the paged
-  KV cache, float32 CPU).
+  KV cache, float32 CPU);
+- `hybridkv._native._norm_rope` (RMSNorm, residual add and rotary embedding on
+  float32 rows, built without fused multiply-adds so that it rounds as torch does).
 
 The C sources live in `hybridkv/_native/`, the kernel's beside its Python wrapper
 in `hybridkv/kernels/`.
@@ -69,6 +71,12 @@ DECODE_ATTN = Extension(
     sources=[os.path.join("hybridkv", "_native", "_decode_attn.c")],
     optional=True,
 )
+NORM_ROPE = Extension(
+    "hybridkv._native._norm_rope",
+    sources=[os.path.join("hybridkv", "_native", "_norm_rope.c")],
+    extra_compile_args=["-ffp-contract=off"],
+    optional=True,
+)
 # what each extension does, and what runs instead when it is missing
 _ROLES = {
     CHAINHASH.name: ("C hashing extension", "block hashing falls back to pure Python (~7x "
@@ -78,6 +86,9 @@ _ROLES = {
     CODEC.name: ("C KV store codec", "KV store payloads are encoded in Python (slower)"),
     DECODE_ATTN.name: ("C decode attention kernel", "decode steps gather K and V in torch "
                                                     "(slower at large head sizes)"),
+    NORM_ROPE.name: ("C norm and rotary kernel", "RMSNorms, residual adds and rotary "
+                                                 "embeddings run as torch calls (slower on "
+                                                 "small steps)"),
 }
 
 
@@ -211,5 +222,5 @@ def _write_marker(path: str, reason: str | None) -> None:
         f.write(reason + "\n")
 
 
-setup(ext_modules=[CHAINHASH, FASTPATH, CODEC, DECODE_ATTN],
+setup(ext_modules=[CHAINHASH, FASTPATH, CODEC, DECODE_ATTN, NORM_ROPE],
       cmdclass={"build_ext": OptionalBuildExt})

@@ -48,15 +48,9 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_routers import (  # noqa: E402
-    Process,
-    free_port,
-    percentile,
-    router_argv,
-    start_backends,
-    wait_health,
-)
+from bench_routers import percentile, router_argv  # noqa: E402
 from common import prepare_out, write_result  # noqa: E402
+from router_backends import Process, free_port, start_backends, wait_health  # noqa: E402
 
 from hybridkv.tools.tokenizer_checkpoint import sample_text, save_preset_tokenizer  # noqa: E402
 
@@ -194,6 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
     log_dir = os.path.join(out, "logs")
     os.makedirs(log_dir, exist_ok=True)
     args.backends, args.num_blocks, args.model_path = 1, 400, args.model
+    args.backend_engine = "hybridkv"
     tokenizer_dir = tempfile.mkdtemp(prefix="hybridkv-tok-")
     save_preset_tokenizer(tokenizer_dir, args.model)
     backends, shim = start_backends(args, log_dir)

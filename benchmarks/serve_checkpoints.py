@@ -26,12 +26,20 @@ GEMMA3_270M_SHAPE = {
     "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3,
 }
 
+# qwen2-tiny with its sliding window off (full attention on every layer) and head size 32
+FULL_ATTENTION_HS32 = {
+    "hidden_size": 128, "head_dim": 32, "use_sliding_window": False, "sliding_window": None,
+    "max_window_layers": 0, "max_position_embeddings": 4096,
+    "layer_types": ["full_attention"] * 4,
+}
+
 # name -> (preset, config overrides)
 CHECKPOINTS = {
     "gemma3-tiny-hs32": ("gemma3-tiny", {"head_dim": 32}),
     "gemma2-tiny-hs32": ("gemma2-tiny", {"head_dim": 32}),
     "gpt-oss-tiny-hs32": ("gpt-oss-tiny", {"head_dim": 32}),
     "gemma3-270m-shape": ("gemma3-tiny", GEMMA3_270M_SHAPE),
+    "full-attention-tiny-hs32": ("qwen2-tiny", FULL_ATTENTION_HS32),
     "jamba-tiny": ("jamba-tiny", {}),
     "nemotron-h-tiny": ("nemotron-h-tiny", {}),
 }

@@ -156,19 +156,47 @@ static void mix_values(const DecodeArgs *a, const float *weights, const float *n
     }
 }
 
-static void decode_all(const DecodeArgs *a, float *scores, float *norms)
+/* Sequence s over its first n cache rows `rows`. */
+static void decode_seq(const DecodeArgs *a, Py_ssize_t s, const int64_t *rows, Py_ssize_t n,
+                       float *scores, float *norms)
 {
     Py_ssize_t group = a->num_q_heads / a->num_kv_heads, D = a->head_dim;
+    for (Py_ssize_t h = 0; h < a->num_kv_heads; h++) {
+        Py_ssize_t first = (s * a->num_q_heads + h * group) * D;
+        score_keys(a, a->q + first, rows, n, h, group, scores);
+        for (Py_ssize_t g = 0; g < group; g++)
+            norms[g] = softmax_weights(scores + g * a->max_keys, n);
+        mix_values(a, scores, norms, rows, n, h, group, a->out + first);
+    }
+}
+
+static void decode_all(const DecodeArgs *a, float *scores, float *norms)
+{
+    for (Py_ssize_t s = 0; s < a->num_seqs; s++)
+        decode_seq(a, s, a->rows + s * a->max_keys, (Py_ssize_t)a->counts[s], scores, norms);
+}
+
+/* Where a sequence's keys lie in a block table: key j of sequence s is at position
+ * firsts[s] + j, in block table[s * width + pos / block_size], row
+ * block * rows_per_block + pos % block_size. */
+typedef struct {
+    const int32_t *table;   /* [S, width] */
+    const int64_t *firsts;  /* [S] */
+    Py_ssize_t width, block_size, rows_per_block;
+} TableArgs;
+
+static void decode_all_from_table(const DecodeArgs *a, const TableArgs *t, int64_t *rows,
+                                  float *scores, float *norms)
+{
     for (Py_ssize_t s = 0; s < a->num_seqs; s++) {
-        const int64_t *rows = a->rows + s * a->max_keys;
         Py_ssize_t n = (Py_ssize_t)a->counts[s];
-        for (Py_ssize_t h = 0; h < a->num_kv_heads; h++) {
-            Py_ssize_t first = (s * a->num_q_heads + h * group) * D;
-            score_keys(a, a->q + first, rows, n, h, group, scores);
-            for (Py_ssize_t g = 0; g < group; g++)
-                norms[g] = softmax_weights(scores + g * a->max_keys, n);
-            mix_values(a, scores, norms, rows, n, h, group, a->out + first);
+        const int32_t *blocks = t->table + s * t->width;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            int64_t pos = t->firsts[s] + j;
+            rows[j] = (int64_t)blocks[pos / t->block_size] * t->rows_per_block
+                      + pos % t->block_size;
         }
+        decode_seq(a, s, rows, n, scores, norms);
     }
 }
 
@@ -208,9 +236,52 @@ static PyObject *decode(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* decode_table(q, out, k, v, table, firsts, counts, num_seqs, num_q_heads, num_kv_heads,
+ *              head_dim, max_keys, row_stride, scale, width, block_size, rows_per_block):
+ * as `decode`, the rows found from the block table (see TableArgs). */
+static PyObject *decode_table(PyObject *self, PyObject *args)
+{
+    PyObject *q, *out, *k, *v, *table, *firsts, *counts;
+    DecodeArgs a;
+    TableArgs t;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnnnnnfnnn", &q, &out, &k, &v, &table, &firsts,
+                          &counts, &a.num_seqs, &a.num_q_heads, &a.num_kv_heads, &a.head_dim,
+                          &a.max_keys, &a.row_stride, &a.scale, &t.width, &t.block_size,
+                          &t.rows_per_block))
+        return NULL;
+    a.q = as_pointer(q);
+    a.out = as_pointer(out);
+    a.k = as_pointer(k);
+    a.v = as_pointer(v);
+    a.rows = NULL;
+    a.counts = as_pointer(counts);
+    t.table = as_pointer(table);
+    t.firsts = as_pointer(firsts);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t group = a.num_kv_heads > 0 ? a.num_q_heads / a.num_kv_heads : 0;
+    if (a.max_keys < 1 || group < 1 || a.head_dim < 1 || t.block_size < 1)
+        return PyErr_Format(PyExc_ValueError, "decode_table: bad sizes");
+    float *scores = malloc((size_t)(group * a.max_keys + group) * sizeof(float));
+    int64_t *rows = malloc((size_t)a.max_keys * sizeof(int64_t));
+    if (scores == NULL || rows == NULL) {
+        free(scores);
+        free(rows);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    decode_all_from_table(&a, &t, rows, scores, scores + group * a.max_keys);
+    Py_END_ALLOW_THREADS
+    free(scores);
+    free(rows);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS,
      "Decode attention from a paged cache, written into `out` (see the module's C source)."},
+    {"decode_table", decode_table, METH_VARARGS,
+     "Decode attention from a paged cache addressed by a block table (see the C source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,6 +31,7 @@ import torch
 from hybridkv.kernels.attention_batched import Tile, attend_group, group_tiles, plan_tiles
 from hybridkv.kernels.attention_decode import decode_attention, decode_layout, is_decode_batch
 from hybridkv.kernels.attention_flash import can_use_flash_attention, flash_paged_attention
+from hybridkv.kernels.decode_native import decode_from_table
 from hybridkv.kernels.paged_rows import scatter_slots
 
 # Query rows per dense score tile in the torch path: bounds memory at QUERY_TILE x keys per head
@@ -123,12 +124,15 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    memo: dict | None = None,
 ) -> None:
     """Write new tokens' K/V into the paged caches, in place.
 
     `key`/`value`: `[num_tokens, num_kv_heads, head_dim]`; caches:
     `[num_blocks, block_size, num_kv_heads, head_dim]`; `slot_mapping`: `[num_tokens]` with
-    `slot = block_id * block_size + offset` (every slot must be a valid index).
+    `slot = block_id * block_size + offset` (every slot must be a valid index). `memo`: a
+    dict living no longer than `slot_mapping` (the batch's `plans`), where the row index
+    derived from the slots is kept for the group's other layers.
     Raises ValueError on mismatched shapes.
     """
     if key.shape != value.shape or key.dim() != 3:
@@ -143,7 +147,7 @@ def write_kv(
     if slot_mapping.shape != (key.shape[0],):
         raise ValueError(f"slot_mapping shape {tuple(slot_mapping.shape)} must be "
                          f"({key.shape[0]},), one slot per token")
-    scatter_slots(slot_mapping, (k_cache, key), (v_cache, value))
+    scatter_slots(slot_mapping, (k_cache, key), (v_cache, value), memo=memo)
 
 
 def paged_attention(
@@ -194,6 +198,10 @@ def torch_paged_attention(
     batch (`attention_decode`), else groups of similar query tiles."""
     block_size = k_cache.shape[1]
     if is_decode_batch(query, batch, rules, sinks):
+        out = decode_from_table(query, k_cache, v_cache, batch, rules.sliding_window,
+                                rules.chunk_size, rules.scale)
+        if out is not None:
+            return out
         layout = decode_layout(batch, rules, block_size)
         return decode_attention(query, k_cache, v_cache, layout, rules.scale)
     plan = _plan(batch, rules, block_size, query)

@@ -43,6 +43,7 @@ class DecodeLayout(NamedTuple):
     mask: torch.Tensor | None  # bool [S, 1, 1, L] slot holds a visible key; None: all do
     num_keys: int  # L, the longest run
     counts: torch.Tensor  # int64 [S] visible keys of each sequence (its first slots)
+    memo: dict  # what the group's layers derive from the slots alike (row index, checks)
 
 
 def is_decode_batch(query: torch.Tensor, batch: AttentionBatch, rules: MaskRules,
@@ -91,7 +92,7 @@ def _build_layout(batch: AttentionBatch, rules: MaskRules, block_size: int) -> D
     blocks = table.long().gather(1, pos // block_size)  # [S, L]
     slots = (blocks * block_size + pos % block_size).flatten()
     mask = None if bool(valid.all()) else valid[:, None, None, :]
-    return DecodeLayout(slots, mask, num_keys, counts)
+    return DecodeLayout(slots, mask, num_keys, counts, {})
 
 
 def decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -100,7 +101,7 @@ def decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     kernel when it can (`decode_native.py`), else by a gather and torch's SDPA."""
     if can_decode_natively(query, k_cache, v_cache):
         out = native_decode_attention(query, k_cache, v_cache, layout.slots, layout.counts,
-                                      layout.num_keys, scale)
+                                      layout.num_keys, scale, layout.memo)
         if out is not None:
             return out
     num_seqs, num_kv_heads, head_dim = query.shape[0], k_cache.shape[2], k_cache.shape[3]

@@ -44,17 +44,27 @@ def slots_to_rows(slots: torch.Tensor, block_size: int, rows_per_block: int) -> 
     return slots // block_size * rows_per_block + slots % block_size
 
 
-def row_views_and_index(caches: tuple[torch.Tensor, ...], slots: torch.Tensor
+def row_views_and_index(caches: tuple[torch.Tensor, ...], slots: torch.Tensor,
+                        memo: dict | None = None
                         ) -> tuple[list[torch.Tensor], torch.Tensor] | None:
     """(each cache's row view, the row index of `slots`) when every cache is seen as
-    rows alike (K and V of one layer: the same index serves both), else None."""
+    rows alike (K and V of one layer: the same index serves both), else None.
+
+    `memo`: a dict that lives no longer than `slots` (e.g. a step's plans), where the
+    index is kept for the other layers reading the same slots the same way."""
     views: list[tuple[torch.Tensor, int]] = []
     for cache in caches:
         view = row_view(cache)
         if view is None or (views and view[1] != views[0][1]):
             return None
         views.append(view)
-    index = slots_to_rows(slots, caches[0].shape[1], views[0][1])
+    block_size, rows_per_block = caches[0].shape[1], views[0][1]
+    key = ("rows", id(slots), block_size, rows_per_block)
+    index = None if memo is None else memo.get(key)
+    if index is None:
+        index = slots_to_rows(slots, block_size, rows_per_block)
+        if memo is not None:
+            memo[key] = index
     return [rows for rows, _ in views], index
 
 
@@ -69,10 +79,12 @@ def gather_slots(slots: torch.Tensor, *caches: torch.Tensor) -> list[torch.Tenso
     return [rows.index_select(0, index) for rows in views]
 
 
-def scatter_slots(slots: torch.Tensor, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
+def scatter_slots(slots: torch.Tensor, *pairs: tuple[torch.Tensor, torch.Tensor],
+                  memo: dict | None = None) -> None:
     """Write each `(cache, values)`'s values `[len(slots), Hkv, D]` into the token rows
-    `slots` of its cache (K and V of a layer in one call share the row index)."""
-    found = row_views_and_index(tuple(cache for cache, _ in pairs), slots)
+    `slots` of its cache (K and V of a layer in one call share the row index; `memo` as
+    for `row_views_and_index`)."""
+    found = row_views_and_index(tuple(cache for cache, _ in pairs), slots, memo)
     if found is None:
         slots = slots.long()
         for cache, values in pairs:

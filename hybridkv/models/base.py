@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from hybridkv.kernels.attention import AttentionBatch, paged_attention, write_kv
+from hybridkv.kernels.norm_rope import norm_rope_qk
 from hybridkv.kv_cache.specs import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -101,6 +102,8 @@ class ModelRunner(ABC):
         self.max_model_len = int(config.max_position_embeddings)
         self.eos_token_ids = _eos_token_ids(model)
         self.dtype = next(model.parameters()).dtype
+        # read once: a transformers config's attribute lookup costs microseconds per step
+        self.final_logit_softcap = getattr(config, "final_logit_softcapping", None)
         self.rotaries: dict[str, RotaryEmbedding] = {}
         self.attn_layers = self.build_attention_layers()
         self.kv_caches: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -228,7 +231,7 @@ class ModelRunner(ABC):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head (+ final logit softcapping when the config has it) -> float32 [S, vocab]."""
         logits = self.linears.apply(self.model.lm_head, hidden)
-        cap = getattr(self.config, "final_logit_softcapping", None)
+        cap = self.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
@@ -237,11 +240,12 @@ class ModelRunner(ABC):
     def decoder_layer(self, index: int, layer: nn.Module, hidden: torch.Tensor, step: Step,
                       batch: AttentionBatch) -> torch.Tensor:
         """Pre-norm decoder layer: h += attn(norm(h)); h += ffn(norm(h)). hidden: [T, hidden]."""
-        norm = self.norms.apply
+        norms = self.norms
         attn_out = self.self_attention(index, layer.self_attn,
-                                       norm(layer.input_layernorm, hidden), step, batch)
-        hidden = hidden + attn_out
-        return hidden + self.feed_forward(layer, norm(layer.post_attention_layernorm, hidden))
+                                       norms.apply(layer.input_layernorm, hidden), step, batch)
+        hidden, x = norms.residual(hidden, attn_out, None, layer.post_attention_layernorm)
+        assert x is not None
+        return hidden + self.feed_forward(layer, x)
 
     def feed_forward(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The layer's MLP on x [T, hidden]."""
@@ -267,7 +271,7 @@ class ModelRunner(ABC):
         v = v.view(num_tokens, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
         q, k = self.transform_qk(index, attn, q, k, step)
         k_cache, v_cache = self.kv_caches[spec.name]
-        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        write_kv(k, v, k_cache, v_cache, batch.slot_mapping, batch.plans)
         out = paged_attention(q, k_cache, v_cache, batch, scale=spec.scale,
                               sliding_window=spec.sliding_window, chunk_size=spec.chunk_size,
                               softcap=spec.softcap, sinks=self.attention_sinks(attn))
@@ -282,10 +286,30 @@ class ModelRunner(ABC):
     def apply_rope(self, index: int, q: torch.Tensor, k: torch.Tensor,
                    step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k by the layer's rotary table (unchanged for NoPE layers)."""
+        return self.norm_rope(index, q, k, step)
+
+    def norm_rope(self, index: int, q: torch.Tensor, k: torch.Tensor, step: Step,
+                  q_norm: nn.Module | None = None, k_norm: nn.Module | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RMSNorm each head of q [T, Hq, D] and k [T, Hkv, D] by `q_norm` / `k_norm`
+        (where given), then rotate them by the layer's rotary table (none: NoPE). One
+        kernel call, in place, where `norm_rope_qk` takes them; else module by module."""
         key = self.attn_layers[index].rope_key
-        if key is None:
+        rotary = None if key is None else self.rotaries[key]
+        if rotary is not None and not rotary.interleaved:
+            norms = [None if m is None else self.norms.weight(m, q) for m in (q_norm, k_norm)]
+            if all(w is not None or m is None for w, m in zip(norms, (q_norm, k_norm))):
+                cos, sin = step.angles[key]  # type: ignore[index]
+                done = norm_rope_qk(q, k, cos, sin, norms[0], norms[1])
+                if done is not None:
+                    return done
+        if q_norm is not None:
+            q = self.norms.apply(q_norm, q)
+        if k_norm is not None:
+            k = self.norms.apply(k_norm, k)
+        if rotary is None:
             return q, k
-        rotary, (cos, sin) = self.rotaries[key], step.angles[key]
+        cos, sin = step.angles[key]  # type: ignore[index]
         return rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
 
     def attention_sinks(self, attn: nn.Module) -> torch.Tensor | None:

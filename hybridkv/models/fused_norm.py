@@ -8,6 +8,10 @@ kilobytes. `torch.rms_norm` does the same arithmetic in one call (measured on [8
 float32, one thread: 13-32 us against 25-40 us per norm, outputs equal on the inputs
 tried; from about 600 rows on the two cost the same).
 
+Where the C kernel `_norm_rope` is built, a norm is one pass over its rows, and a residual
+add joins the norms around it (`residual`: `h + post(x)`, then `pre` of that sum), so a
+Gemma layer's four norms and two adds are two calls (`hybridkv.kernels.norm_rope`).
+
 Only classes known to compute `norm(x) * (offset + weight)` in float32 are taken
 (`NORM_OFFSETS`), and only for float32 inputs, where Hugging Face's casts are no-ops.
 The effective weight `offset + weight` is taken once, when the module is added: like the
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from hybridkv.kernels.norm_rope import NormWeight, residual_norm, rms_norm
 
 # class name -> offset added to the weight: Gemma scales by (1 + w), Llama and Qwen2 by w
 NORM_OFFSETS = {"Gemma2RMSNorm": 1.0, "Gemma3RMSNorm": 1.0,
@@ -65,13 +71,32 @@ class FusedNorms:
         """Take every supported norm inside `model`; returns how many were taken."""
         return sum(self.add(module) for module in model.modules())
 
-    def apply(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """`module(x)` over the last dimension of x; one `torch.rms_norm` call when
-        `module` was added and x is float32 on the weight's device."""
+    def weight(self, module: nn.Module | None, x: torch.Tensor) -> NormWeight | None:
+        """(effective weight, eps) of `module` when it was added and applies to x (float32
+        on the weight's device, last dimension the weight's size), else None."""
         entry = self._norms.get(id(module))
         if entry is None or x.dtype != torch.float32:
-            return module(x)
+            return None
         _, eps, weight = entry
         if x.device != weight.device or x.shape[-1] != weight.shape[0]:
-            return module(x)
-        return torch.rms_norm(x, (weight.shape[0],), weight, eps)
+            return None
+        return weight, eps
+
+    def apply(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """`module(x)` over the last dimension of x; one kernel call when `module` was added
+        and x is float32 on the weight's device."""
+        norm = self.weight(module, x)
+        return module(x) if norm is None else rms_norm(x, norm)
+
+    def residual(self, hidden: torch.Tensor, x: torch.Tensor, post: nn.Module | None,
+                 pre: nn.Module | None, *, in_place: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(`h = hidden + post(x)`, `pre(h)`) for hidden and x `[T, D]`; None for `post`
+        adds x itself, None for `pre` returns None beside h. One kernel call when every
+        given norm was added; `in_place`: h may be written over `hidden` (the caller's)."""
+        post_weight = None if post is None else self.weight(post, x)
+        pre_weight = None if pre is None else self.weight(pre, x)
+        if (post is None or post_weight is not None) and (pre is None or pre_weight is not None):
+            return residual_norm(hidden, x, post_weight, pre_weight, in_place=in_place)
+        hidden = hidden + (x if post is None else self.apply(post, x))
+        return hidden, None if pre is None else self.apply(pre, hidden)

@@ -65,12 +65,16 @@ class Gemma2Runner(ModelRunner):
     def decoder_layer(self, index: int, layer: nn.Module, hidden: torch.Tensor, step: Step,
                       batch: AttentionBatch) -> torch.Tensor:
         """Sandwich norms: h += post_norm(attn(pre_norm(h))); the same around the MLP."""
-        norm = self.norms.apply
+        norms = self.norms
         attn_out = self.self_attention(index, layer.self_attn,
-                                       norm(layer.input_layernorm, hidden), step, batch)
-        hidden = hidden + norm(layer.post_attention_layernorm, attn_out)
-        mlp_out = self.mlp(layer.mlp, norm(layer.pre_feedforward_layernorm, hidden))
-        return hidden + norm(layer.post_feedforward_layernorm, mlp_out)
+                                       norms.apply(layer.input_layernorm, hidden), step, batch)
+        hidden, x = norms.residual(hidden, attn_out, layer.post_attention_layernorm,
+                                   layer.pre_feedforward_layernorm)
+        assert x is not None
+        mlp_out = self.mlp(layer.mlp, x)
+        hidden, _ = norms.residual(hidden, mlp_out, layer.post_feedforward_layernorm, None,
+                                   in_place=True)  # this layer's own sum: written over
+        return hidden
 
 
 class Gemma3Runner(Gemma2Runner):
@@ -93,5 +97,4 @@ class Gemma3Runner(Gemma2Runner):
     def transform_qk(self, index: int, attn: nn.Module, q: torch.Tensor, k: torch.Tensor,
                      step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """RMSNorm each head of q [T, Hq, D] and k [T, Hkv, D], then rotate."""
-        norm = self.norms.apply
-        return self.apply_rope(index, norm(attn.q_norm, q), norm(attn.k_norm, k), step)
+        return self.norm_rope(index, q, k, step, attn.q_norm, attn.k_norm)

@@ -5,13 +5,19 @@ vLLM's names where vLLM has the figure (dashboards and routers read them),
 figures also `group` (the KV cache group id of `/v1/kv_cache_layout`).
 Counters appear with the `_total` suffix prometheus-client adds.
 
+`vllm:prefix_cache_queries` and `_hits` count a request once, when it is admitted,
+as vLLM does (a request re-admitted after a preemption is not counted again): a
+request waiting for room is looked up at every step, and counting those lookups
+would weigh the requests that wait longest, the misses, several times. The
+`hybridkv_` per-group and stranded counters count every lookup.
+
 | metric | type | meaning |
 | --- | --- | --- |
 | vllm:num_requests_running | gauge | requests in the running batch |
 | vllm:num_requests_waiting | gauge | requests queued for admission (incl. preempted) |
 | vllm:kv_cache_usage_perc | gauge | fraction of usable blocks held (0-1) |
-| vllm:prefix_cache_queries | counter | prompt tokens looked up in the prefix cache |
-| vllm:prefix_cache_hits | counter | prompt tokens reused from the prefix cache |
+| vllm:prefix_cache_queries | counter | prompt tokens of requests admitted (each once) |
+| vllm:prefix_cache_hits | counter | of those, tokens reused from the pool at admission |
 | vllm:num_preemptions | counter | requests preempted (recomputed later) |
 | vllm:prompt_tokens | counter | prompt tokens of admitted requests |
 | vllm:generation_tokens | counter | output tokens sampled |
@@ -19,7 +25,7 @@ Counters appear with the `_total` suffix prometheus-client adds.
 | vllm:time_to_first_token_seconds | histogram | arrival to first output token |
 | vllm:inter_token_latency_seconds | histogram | time between output tokens of a request |
 | vllm:e2e_request_latency_seconds | histogram | arrival to finish |
-| hybridkv_prefix_cache_group_queries | counter | per group: prompt tokens looked up |
+| hybridkv_prefix_cache_group_queries | counter | per group: prompt tokens of every lookup |
 | hybridkv_prefix_cache_group_hits | counter | per group: tokens that group alone could reuse |
 | hybridkv_prefix_cache_stranded_tokens | counter | tokens cached in full attention but unusable |
 | hybridkv_kv_cache_group_evictions | counter | per group: cached blocks recycled |
@@ -91,7 +97,8 @@ class ServerMetrics:
         self.store = StoreMetrics(self, llm.tier) if getattr(llm, "tier", None) else None
         stats, sched = llm.kv.prefix_cache_stats, llm.scheduler.stats
         # counters start from the engine's state now (a warm-up run is not counted)
-        self._last = {"queries": stats.queries, "hits": stats.hits,
+        self._last = {"lookups": stats.queries, "queries": sched.prompt_tokens,
+                      "hits": sched.cached_tokens - sched.external_cached_tokens,
                       "stranded": stats.stranded_tokens, "preemptions": sched.preemptions,
                       "prompt_tokens": sched.prompt_tokens, "group_hits": list(stats.group_hits),
                       "group_evictions": list(stats.group_evictions)}
@@ -127,9 +134,9 @@ class ServerMetrics:
         self.usage = self._gauge("vllm:kv_cache_usage_perc",
                                  "Fraction of usable KV cache blocks held (0-1).")
         self.queries = self._counter("vllm:prefix_cache_queries",
-                                     "Prompt tokens looked up in the prefix cache.")
+                                     "Prompt tokens of requests admitted.")
         self.hits = self._counter("vllm:prefix_cache_hits",
-                                  "Prompt tokens reused from the prefix cache.")
+                                  "Prompt tokens reused from the prefix cache at admission.")
         self.preemptions = self._counter("vllm:num_preemptions", "Preempted requests.")
         self.prompt_tokens = self._counter("vllm:prompt_tokens", "Prompt tokens admitted.")
         self.blocks_held = self._gauge("hybridkv_kv_cache_blocks_held",
@@ -184,9 +191,12 @@ class ServerMetrics:
         self.usage.set(pool.usage)
         self.blocks_held.set(pool.num_blocks - 1 - pool.num_free_blocks - pool.num_pinned)
         stats = llm.kv.prefix_cache_stats
-        self._record_groups(stats.queries - last["queries"], stats)
-        for key, value, metric in (("queries", stats.queries, self.queries),
-                                   ("hits", stats.hits, self.hits),
+        self._record_groups(stats.queries - last["lookups"], stats)
+        last["lookups"] = stats.queries
+        admitted = sched.stats
+        for key, value, metric in (("queries", admitted.prompt_tokens, self.queries),
+                                   ("hits", admitted.cached_tokens
+                                    - admitted.external_cached_tokens, self.hits),
                                    ("stranded", stats.stranded_tokens, self.stranded),
                                    ("preemptions", sched.stats.preemptions, self.preemptions),
                                    ("prompt_tokens", sched.stats.prompt_tokens,

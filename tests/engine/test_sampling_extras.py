@@ -88,6 +88,19 @@ def test_greedy_with_extras_equals_hugging_face_processors(model, llm, extras):
     assert llm.kv.usage == 0
 
 
+def test_a_batch_mixing_plain_greedy_with_extras_equals_hugging_face(model, llm):
+    """Plain greedy rows take one batched argmax; the row between them with extras must
+    still be sampled from its own processed logits."""
+    plain = SamplingParams(max_tokens=10, ignore_eos=True)
+    extras = SamplingParams(max_tokens=10, ignore_eos=True, logit_bias={17: 4.0},
+                            repetition_penalty=1.5)
+    per_prompt = [plain, extras, plain]
+    outs = llm.generate(PROMPTS, per_prompt)
+    for prompt, params, out in zip(PROMPTS, per_prompt, outs):
+        assert out.output_token_ids == hf_reference(model, prompt, params,
+                                                    llm.runner.eos_token_ids)
+
+
 def test_repetition_penalty_equals_hugging_face_generate(model, llm):
     prompt = PROMPTS[1]
     expected = model.generate(torch.tensor([prompt]), max_new_tokens=10, min_new_tokens=10,

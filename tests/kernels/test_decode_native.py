@@ -113,3 +113,44 @@ def test_bad_slots_or_counts_raise_before_the_kernel_reads(slot, count, error):
     with pytest.raises(ValueError, match=error):
         decode_native.native_decode_attention(torch.randn(1, 2, 16), k, v, slots,
                                               torch.tensor([count]), 2, 0.3)
+
+
+@pytest.mark.parametrize("rules", [MaskRules(0.4), MaskRules(0.4, sliding_window=5),
+                                   MaskRules(0.4, chunk_size=8)])
+@pytest.mark.parametrize("pad", [0, 12])
+def test_reading_the_block_table_matches_a_float64_softmax(rules, pad):
+    """The kernel finds each key's row from the block table; the oracle lists the keys a
+    query sees by brute force (`MaskRules.allows`) and scores them in float64."""
+    block_size, num_blocks, dim = 4, 16, 32
+    k, v = paged_caches(num_blocks, block_size, 2, dim, pad * dim, seed=pad)
+    table = [[3, 9, 1, 14, 0], [7, 2, 0, 0, 0], [5, 11, 6, 8, 12]]
+    seq_lens = [15, 6, 19]
+    used = {b for row in table for b in row} - {0}
+    unused = torch.tensor([b not in used for b in range(num_blocks)])
+    k[unused] = float("nan")
+    v[unused] = float("nan")
+    query = torch.randn(3, 4, dim, generator=torch.Generator().manual_seed(5))
+    batch = decode_batch(seq_lens, table, plans={})
+    out = decode_native.decode_from_table(query, k, v, batch, rules.sliding_window,
+                                          rules.chunk_size, rules.scale)
+    assert out is not None
+    num_keys = max(seq_lens)
+    slots, counts = [], []
+    for s, n in enumerate(seq_lens):
+        seen = [p for p in range(n) if rules.allows(torch.tensor(n - 1), torch.tensor(p))]
+        mine = [table[s][p // block_size] * block_size + p % block_size for p in seen]
+        slots += mine + [mine[-1]] * (num_keys - len(mine))
+        counts.append(len(mine))
+    want = expected(query, k, v, torch.tensor(slots), torch.tensor(counts), num_keys,
+                    rules.scale)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seq_lens,table,error", [
+    ([9], [[1, 2]], "capacity"), ([0], [[1, 2]], "capacity"), ([3], [[12, 2]], "block id"),
+    ([3], [[-1, 2]], "block id")])
+def test_bad_lengths_or_block_ids_raise_before_the_kernel_reads(seq_lens, table, error):
+    k, v = paged_caches(12, 4, 1, 16, 0, seed=0)
+    with pytest.raises(ValueError, match=error):
+        decode_native.decode_from_table(torch.randn(1, 2, 16), k, v,
+                                        decode_batch(seq_lens, table), None, None, 0.3)

@@ -41,7 +41,8 @@ def test_the_weight_is_taken_once():
     norms = FusedNorms()
     norms.add(module)
     x = torch.randn(8, 64)
-    before = module(x)
+    before = norms.apply(module, x)
+    torch.testing.assert_close(before, module(x), rtol=1e-6, atol=1e-6)
     with torch.no_grad():
         module.weight.fill_(1.0)
     assert torch.equal(norms.apply(module, x), before)
