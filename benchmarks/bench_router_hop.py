@@ -38,8 +38,9 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_router_overhead import cpu_seconds  # noqa: E402
-from bench_routers import Process, free_port, percentile, wait_health  # noqa: E402
+from bench_routers import percentile  # noqa: E402
 from common import prepare_out, write_result  # noqa: E402
+from router_backends import Process, free_port, wait_health  # noqa: E402
 
 from hybridkv.tools.tokenizer_checkpoint import sample_text, save_preset_tokenizer  # noqa: E402
 
