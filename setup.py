@@ -69,11 +69,15 @@ CODEC = Extension(
 DECODE_ATTN = Extension(
     "hybridkv._native._decode_attn",
     sources=[os.path.join("hybridkv", "_native", "_decode_attn.c")],
+    depends=[os.path.join(_NATIVE, "_simd.h")],
+    include_dirs=[_NATIVE],
     optional=True,
 )
 NORM_ROPE = Extension(
     "hybridkv._native._norm_rope",
     sources=[os.path.join("hybridkv", "_native", "_norm_rope.c")],
+    depends=[os.path.join(_NATIVE, "_simd.h")],
+    include_dirs=[_NATIVE],
     extra_compile_args=["-ffp-contract=off"],
     optional=True,
 )

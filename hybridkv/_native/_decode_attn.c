@@ -23,15 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One copy of the hot loops per x86-64 level, picked at load time: the plain build
- * targets the baseline ISA, where the 16-wide accumulators do not fill a register. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-#define HKV_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define HKV_CLONES
-#endif
-
-#define LANES 16
+#include "_simd.h"
 
 typedef struct {
     const float *q;        /* [S, Hq, D] */

@@ -23,13 +23,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-#define HKV_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define HKV_CLONES
-#endif
-
-#define LANES 16
+#include "_simd.h"
 
 /* 1 / sqrt(mean(x[0:n]^2) + eps), the sum taken in LANES independent parts. */
 HKV_CLONES
