@@ -52,7 +52,7 @@ PRESSURE_BLOCKS_16 = 1920  # 180 MiB at the 270M shape: 96 KiB per block of 16 t
 NO_PRESSURE_BYTES = 1 << 30
 VLLM_DEFAULT_BLOCK = 128  # vLLM's CPU default
 METRICS = ("request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-           "mean_tpot_ms", "hit_rate", "failed")
+           "mean_tpot_ms", "median_itl_ms", "hit_rate", "failed")
 WORKLOADS = {  # name -> (bench serve arguments, prompts full / quick)
     "random": (["--dataset-name", "random", "--random-input-len", "256",
                 "--random-output-len", "64"], 64, 8),
@@ -65,6 +65,9 @@ WORKLOADS = {  # name -> (bench serve arguments, prompts full / quick)
                   "32"], 200, 16),
     "chat": ([], 8, 2),  # sessions (4 turns each)
 }
+
+
+WARMUP_INPUT_LEN = {"random": 256, "prefix": 576, "pressure": 1088, "chat": 512}
 
 
 def parse_args() -> argparse.Namespace:
@@ -80,6 +83,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--num-prompts", type=int, default=None,
                     help="prompts per run (chat: sessions), instead of each workload's own")
+    ap.add_argument("--warmup-requests", type=int, default=16,
+                    help="requests of random tokens (the workload's prompt length, its "
+                         "concurrency, 16 output tokens) sent to each fresh server before "
+                         "its measured run; 0: none")
     ap.add_argument("--threads", type=int, default=1,
                     help="compute threads of each server (vLLM's CPU worker binds one per "
                          "core and keeps one core for its scheduler: 1 on a 2-core machine)")
@@ -95,6 +102,7 @@ def parse_args() -> argparse.Namespace:
     args = ap.parse_args()
     if args.quick:
         args.rounds = min(args.rounds, 1)
+        args.warmup_requests = min(args.warmup_requests, 2)
     return args
 
 
@@ -139,6 +147,8 @@ def server_configs(engines: list[str], checkpoint: str, workload: str, mode: str
 def bench_serve(server: Server, python: str, workload: str, args, log_dir: str,
                 tag: str) -> dict:
     """Run the workload against `server`; bench serve's result dict plus hit rate."""
+    if args.warmup_requests:
+        _warm_up(server, python, workload, args, log_dir, tag)
     q0, h0 = server.prefix_counters()
     extra, full, quick = WORKLOADS[workload]
     num = args.num_prompts or (quick if args.quick else full)
@@ -154,6 +164,22 @@ def bench_serve(server: Server, python: str, workload: str, args, log_dir: str,
     return result
 
 
+def _warm_up(server: Server, python: str, workload: str, args, log_dir: str, tag: str) -> None:
+    """Requests of the workload's size and concurrency before the measured run.
+
+    A server compiles or allocates on first use of a batch shape (vLLM's default
+    torch.compile mode most of all), so a cold run measures start-up. The prompts are
+    random tokens from another seed: they share no block with the workload's
+    prompts beyond the chat template's first tokens, and the hit-rate counters are
+    read after them.
+    """
+    input_len = WARMUP_INPUT_LEN.get(workload, 256)
+    extra = ["--dataset-name", "random", "--random-input-len", str(input_len),
+             "--random-output-len", "16", "--seed", "1"]
+    _run_bench_cli(server, python, extra, args.warmup_requests, args, log_dir,
+                   f"{tag}.warmup")
+
+
 def _run_bench_cli(server: Server, python: str, extra: list[str], num: int, args,
                    log_dir: str, tag: str) -> dict:
     ckpt = server.config.checkpoint
@@ -161,7 +187,8 @@ def _run_bench_cli(server: Server, python: str, extra: list[str], num: int, args
            "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
            "--base-url", server.url, "--model", ckpt, "--tokenizer", ckpt,
            "--num-prompts", str(num), "--max-concurrency", str(args.concurrency),
-           "--ignore-eos", "--temperature", "0", "--seed", "0",
+           "--ignore-eos", "--temperature", "0",
+           *([] if "--seed" in extra else ["--seed", "0"]),
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
            "--save-result", "--save-detailed", "--result-dir", log_dir,
            "--result-filename", f"{tag}.json", *extra]
@@ -225,7 +252,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         summary["anchor"] = anchor
         summary["ratio_vs_anchor"] = {
             m: summary["hybridkv"][m]["median"] / summary[anchor][m]["median"]
-            for m in ("request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms")
+            for m in ("request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+                      "median_itl_ms")
             if m in summary["hybridkv"] and summary[anchor].get(m, {}).get("median")}
     return summary
 
