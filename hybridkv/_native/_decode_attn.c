@@ -6,6 +6,7 @@
  * row and each value row once, for all the query heads that share that KV head:
  *
  *     score[g][j] = scale * dot(q[s, h * G + g], K[row j, h])
+ *     (with a softcap c > 0: score -> c * tanh(score / c), as Gemma 2 caps its logits)
  *     out[s, h * G + g] = sum_j softmax(score[g])[j] * V[row j, h]
  *
  * Nothing is gathered into a temporary copy, which is what a decode step of a model
@@ -34,7 +35,14 @@ typedef struct {
     const int64_t *counts; /* [S] */
     Py_ssize_t num_seqs, num_q_heads, num_kv_heads, head_dim, max_keys, row_stride;
     float scale;
+    float softcap;         /* 0: none */
 } DecodeArgs;
+
+/* A score after the optional softcap, in torch's order: divide, tanh, multiply. */
+static inline float capped(const DecodeArgs *a, float score)
+{
+    return a->softcap > 0.0f ? a->softcap * tanhf(score / a->softcap) : score;
+}
 
 /* dot(a, b) over n floats, with LANES independent sums (vectorizable without
  * reassociating one running sum). */
@@ -106,10 +114,10 @@ static void score_keys(const DecodeArgs *a, const float *q, const int64_t *rows,
             float dots[4];
             dot4(q + g * D, key, D, dots);
             for (int i = 0; i < 4; i++)
-                scores[(g + i) * a->max_keys + j] = a->scale * dots[i];
+                scores[(g + i) * a->max_keys + j] = capped(a, a->scale * dots[i]);
         }
         for (; g < group; g++)
-            scores[g * a->max_keys + j] = a->scale * dot(q + g * D, key, D);
+            scores[g * a->max_keys + j] = capped(a, a->scale * dot(q + g * D, key, D));
     }
 }
 
@@ -203,6 +211,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
 {
     PyObject *q, *out, *k, *v, *rows, *counts;
     DecodeArgs a;
+    a.softcap = 0.0f;
     if (!PyArg_ParseTuple(args, "OOOOOOnnnnnnf", &q, &out, &k, &v, &rows, &counts,
                           &a.num_seqs, &a.num_q_heads, &a.num_kv_heads, &a.head_dim,
                           &a.max_keys, &a.row_stride, &a.scale))
@@ -229,18 +238,22 @@ static PyObject *decode(PyObject *self, PyObject *args)
 }
 
 /* decode_table(q, out, k, v, table, firsts, counts, num_seqs, num_q_heads, num_kv_heads,
- *              head_dim, max_keys, row_stride, scale, width, block_size, rows_per_block):
- * as `decode`, the rows found from the block table (see TableArgs). */
+ *              head_dim, max_keys, row_stride, scale, width, block_size, rows_per_block
+ *              [, softcap]): as `decode`, the rows found from the block table (see
+ *              TableArgs); softcap 0 (the default) caps nothing. */
 static PyObject *decode_table(PyObject *self, PyObject *args)
 {
     PyObject *q, *out, *k, *v, *table, *firsts, *counts;
     DecodeArgs a;
     TableArgs t;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnnnnnnfnnn", &q, &out, &k, &v, &table, &firsts,
+    a.softcap = 0.0f;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnnnnnfnnn|f", &q, &out, &k, &v, &table, &firsts,
                           &counts, &a.num_seqs, &a.num_q_heads, &a.num_kv_heads, &a.head_dim,
                           &a.max_keys, &a.row_stride, &a.scale, &t.width, &t.block_size,
-                          &t.rows_per_block))
+                          &t.rows_per_block, &a.softcap))
         return NULL;
+    if (!(a.softcap >= 0.0f))
+        return PyErr_Format(PyExc_ValueError, "decode_table: softcap must be >= 0");
     a.q = as_pointer(q);
     a.out = as_pointer(out);
     a.k = as_pointer(k);

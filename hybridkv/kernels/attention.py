@@ -197,13 +197,14 @@ def torch_paged_attention(
     """The pure-torch path of `paged_attention` (any device): one fused call for a decode
     batch (`attention_decode`), else groups of similar query tiles."""
     block_size = k_cache.shape[1]
-    if is_decode_batch(query, batch, rules, sinks):
+    if is_decode_batch(query, batch, rules, sinks, softcap_ok=True):
         out = decode_from_table(query, k_cache, v_cache, batch, rules.sliding_window,
-                                rules.chunk_size, rules.scale)
+                                rules.chunk_size, rules.scale, rules.softcap)
         if out is not None:
             return out
-        layout = decode_layout(batch, rules, block_size)
-        return decode_attention(query, k_cache, v_cache, layout, rules.scale)
+        if rules.softcap is None:  # SDPA has no softcap: the grouped path below caps
+            layout = decode_layout(batch, rules, block_size)
+            return decode_attention(query, k_cache, v_cache, layout, rules.scale)
     plan = _plan(batch, rules, block_size, query)
     if plan.max_seq_len > batch.block_table.shape[1] * block_size:
         raise ValueError(f"seq_len {plan.max_seq_len} exceeds the block table's capacity of "

@@ -96,12 +96,13 @@ class TableLayout(NamedTuple):
 
 def decode_from_table(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       batch: Any, window: int | None, chunk: int | None,
-                      scale: float) -> torch.Tensor | None:
+                      scale: float, softcap: float | None = None) -> torch.Tensor | None:
     """Attention of one query per sequence of `batch` (an `AttentionBatch` of a decode
     step), `query` `[S, Hq, D]` -> `[S, Hq, D]`, with the kernel finding each key's cache
     row from the block table itself: no slot list is built. The sequence at position
     p sees `[p - window + 1, p]` (`window`), `[p // chunk * chunk, p]` (`chunk`), else
-    `[0, p]`. None when the kernel cannot run here (then the caller takes another path).
+    `[0, p]`. `softcap` c maps each scaled score s to `c * tanh(s / c)`. None when the
+    kernel cannot run here (then the caller takes another path).
     ValueError when a length or block id lies outside the table or the cache."""
     if not can_decode_natively(query, k_cache, v_cache):
         return None
@@ -122,7 +123,8 @@ def decode_from_table(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             q.data_ptr(), out.data_ptr(), k_rows.data_ptr(), v_rows.data_ptr(),
             layout.table.data_ptr(), layout.firsts.data_ptr(), layout.counts.data_ptr(),
             num_seqs, num_q_heads, k_rows.shape[1], head_dim, layout.max_keys,
-            k_rows.stride(0), scale, layout.table.shape[1], block_size, rows_per_block)
+            k_rows.stride(0), scale, layout.table.shape[1], block_size, rows_per_block,
+            softcap or 0.0)
     return out
 
 

@@ -23,8 +23,9 @@ def paged_caches(num_blocks, block_size, heads, dim, pad, seed):
     return kv[:, 0], kv[:, 1]
 
 
-def expected(query, k, v, slots, counts, num_keys, scale):
-    """float64 attention of sequence s over its first counts[s] slots."""
+def expected(query, k, v, slots, counts, num_keys, scale, softcap=None):
+    """float64 attention of sequence s over its first counts[s] slots (scores capped to
+    `softcap * tanh(score / softcap)` when `softcap` is given)."""
     out = torch.empty(query.shape, dtype=torch.float64)
     group = query.shape[1] // k.shape[2]
     block_size = k.shape[1]
@@ -34,6 +35,8 @@ def expected(query, k, v, slots, counts, num_keys, scale):
         values = v[mine // block_size, mine % block_size].double()
         for h in range(query.shape[1]):
             scores = keys[:, h // group] @ query[s, h].double() * scale  # [n]
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
             out[s, h] = torch.softmax(scores, 0) @ values[:, h // group]
     return out
 
@@ -116,7 +119,8 @@ def test_bad_slots_or_counts_raise_before_the_kernel_reads(slot, count, error):
 
 
 @pytest.mark.parametrize("rules", [MaskRules(0.4), MaskRules(0.4, sliding_window=5),
-                                   MaskRules(0.4, chunk_size=8)])
+                                   MaskRules(0.4, chunk_size=8), MaskRules(0.4, softcap=1.5),
+                                   MaskRules(0.4, sliding_window=5, softcap=3.0)])
 @pytest.mark.parametrize("pad", [0, 12])
 def test_reading_the_block_table_matches_a_float64_softmax(rules, pad):
     """The kernel finds each key's row from the block table; the oracle lists the keys a
@@ -132,7 +136,7 @@ def test_reading_the_block_table_matches_a_float64_softmax(rules, pad):
     query = torch.randn(3, 4, dim, generator=torch.Generator().manual_seed(5))
     batch = decode_batch(seq_lens, table, plans={})
     out = decode_native.decode_from_table(query, k, v, batch, rules.sliding_window,
-                                          rules.chunk_size, rules.scale)
+                                          rules.chunk_size, rules.scale, rules.softcap)
     assert out is not None
     num_keys = max(seq_lens)
     slots, counts = [], []
@@ -142,7 +146,7 @@ def test_reading_the_block_table_matches_a_float64_softmax(rules, pad):
         slots += mine + [mine[-1]] * (num_keys - len(mine))
         counts.append(len(mine))
     want = expected(query, k, v, torch.tensor(slots), torch.tensor(counts), num_keys,
-                    rules.scale)
+                    rules.scale, rules.softcap)
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
 
 
