@@ -6,7 +6,9 @@
  * row and each value row once, for all the query heads that share that KV head:
  *
  *     score[g][j] = scale * dot(q[s, h * G + g], K[row j, h])
- *     (with a softcap c > 0: score -> c * tanh(score / c), as Gemma 2 caps its logits)
+ *     (with a softcap c > 0: score -> c * tanh(score / c), as Gemma 2 caps its logits;
+ *     with sink logits, sinks[h * G + g] joins the softmax's denominator as a key
+ *     without a value, as gpt-oss's attention sinks do)
  *     out[s, h * G + g] = sum_j softmax(score[g])[j] * V[row j, h]
  *
  * Nothing is gathered into a temporary copy, which is what a decode step of a model
@@ -36,6 +38,7 @@ typedef struct {
     Py_ssize_t num_seqs, num_q_heads, num_kv_heads, head_dim, max_keys, row_stride;
     float scale;
     float softcap;         /* 0: none */
+    const float *sinks;    /* [Hq] sink logits, or NULL */
 } DecodeArgs;
 
 /* A score after the optional softcap, in torch's order: divide, tanh, multiply. */
@@ -121,17 +124,22 @@ static void score_keys(const DecodeArgs *a, const float *q, const int64_t *rows,
     }
 }
 
-/* In place: scores[0:n] -> exp(scores - max); returns their sum. */
-static float softmax_weights(float *scores, Py_ssize_t n)
+/* In place: scores[0:n] -> exp(scores - max); returns their sum, plus exp(*sink - max)
+ * when `sink` is given (the max then counts the sink too). */
+static float softmax_weights(float *scores, Py_ssize_t n, const float *sink)
 {
     float top = scores[0];
     for (Py_ssize_t j = 1; j < n; j++)
         top = scores[j] > top ? scores[j] : top;
+    if (sink != NULL && *sink > top)
+        top = *sink;
     float sum = 0.0f;
     for (Py_ssize_t j = 0; j < n; j++) {
         scores[j] = expf(scores[j] - top);
         sum += scores[j];
     }
+    if (sink != NULL)
+        sum += expf(*sink - top);
     return sum;
 }
 
@@ -165,7 +173,8 @@ static void decode_seq(const DecodeArgs *a, Py_ssize_t s, const int64_t *rows, P
         Py_ssize_t first = (s * a->num_q_heads + h * group) * D;
         score_keys(a, a->q + first, rows, n, h, group, scores);
         for (Py_ssize_t g = 0; g < group; g++)
-            norms[g] = softmax_weights(scores + g * a->max_keys, n);
+            norms[g] = softmax_weights(scores + g * a->max_keys, n,
+                                       a->sinks ? a->sinks + h * group + g : NULL);
         mix_values(a, scores, norms, rows, n, h, group, a->out + first);
     }
 }
@@ -212,6 +221,7 @@ static PyObject *decode(PyObject *self, PyObject *args)
     PyObject *q, *out, *k, *v, *rows, *counts;
     DecodeArgs a;
     a.softcap = 0.0f;
+    a.sinks = NULL;
     if (!PyArg_ParseTuple(args, "OOOOOOnnnnnnf", &q, &out, &k, &v, &rows, &counts,
                           &a.num_seqs, &a.num_q_heads, &a.num_kv_heads, &a.head_dim,
                           &a.max_keys, &a.row_stride, &a.scale))
@@ -239,19 +249,22 @@ static PyObject *decode(PyObject *self, PyObject *args)
 
 /* decode_table(q, out, k, v, table, firsts, counts, num_seqs, num_q_heads, num_kv_heads,
  *              head_dim, max_keys, row_stride, scale, width, block_size, rows_per_block
- *              [, softcap]): as `decode`, the rows found from the block table (see
- *              TableArgs); softcap 0 (the default) caps nothing. */
+ *              [, softcap, sinks]): as `decode`, the rows found from the block table
+ *              (see TableArgs); softcap 0 (the default) caps nothing; sinks: the address
+ *              of Hq float32 sink logits, or 0 (the default) for none. */
 static PyObject *decode_table(PyObject *self, PyObject *args)
 {
     PyObject *q, *out, *k, *v, *table, *firsts, *counts;
     DecodeArgs a;
     TableArgs t;
+    PyObject *sinks = NULL;
     a.softcap = 0.0f;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnnnnnnfnnn|f", &q, &out, &k, &v, &table, &firsts,
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnnnnnfnnn|fO", &q, &out, &k, &v, &table, &firsts,
                           &counts, &a.num_seqs, &a.num_q_heads, &a.num_kv_heads, &a.head_dim,
                           &a.max_keys, &a.row_stride, &a.scale, &t.width, &t.block_size,
-                          &t.rows_per_block, &a.softcap))
+                          &t.rows_per_block, &a.softcap, &sinks))
         return NULL;
+    a.sinks = sinks == NULL ? NULL : as_pointer(sinks);
     if (!(a.softcap >= 0.0f))
         return PyErr_Format(PyExc_ValueError, "decode_table: softcap must be >= 0");
     a.q = as_pointer(q);

@@ -197,12 +197,12 @@ def torch_paged_attention(
     """The pure-torch path of `paged_attention` (any device): one fused call for a decode
     batch (`attention_decode`), else groups of similar query tiles."""
     block_size = k_cache.shape[1]
-    if is_decode_batch(query, batch, rules, sinks, softcap_ok=True):
+    if is_decode_batch(query, batch, rules, sinks, native=True):
         out = decode_from_table(query, k_cache, v_cache, batch, rules.sliding_window,
-                                rules.chunk_size, rules.scale, rules.softcap)
+                                rules.chunk_size, rules.scale, rules.softcap, sinks)
         if out is not None:
             return out
-        if rules.softcap is None:  # SDPA has no softcap: the grouped path below caps
+        if rules.softcap is None and sinks is None:  # else the grouped path below
             layout = decode_layout(batch, rules, block_size)
             return decode_attention(query, k_cache, v_cache, layout, rules.scale)
     plan = _plan(batch, rules, block_size, query)

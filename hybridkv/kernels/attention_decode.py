@@ -47,11 +47,11 @@ class DecodeLayout(NamedTuple):
 
 
 def is_decode_batch(query: torch.Tensor, batch: AttentionBatch, rules: MaskRules,
-                    sinks: torch.Tensor | None, softcap_ok: bool = False) -> bool:
+                    sinks: torch.Tensor | None, native: bool = False) -> bool:
     """Whether `decode_attention` computes this layer: one query per sequence, no softcap
-    (unless `softcap_ok`: the C kernel caps), sink logits or sink tokens, and torch's SDPA
-    can group query heads itself."""
-    if (not SDPA_HAS_GQA or sinks is not None or (rules.softcap is not None and not softcap_ok)
+    or sink logits (unless `native`: the C kernel applies both), no sink tokens, and
+    torch's SDPA can group query heads itself."""
+    if (not SDPA_HAS_GQA or (not native and (sinks is not None or rules.softcap is not None))
             or rules.num_sink_tokens or query.shape[0] != batch.num_seqs):
         return False
     max_query_len = batch.max_query_len

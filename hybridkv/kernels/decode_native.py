@@ -96,13 +96,15 @@ class TableLayout(NamedTuple):
 
 def decode_from_table(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       batch: Any, window: int | None, chunk: int | None,
-                      scale: float, softcap: float | None = None) -> torch.Tensor | None:
+                      scale: float, softcap: float | None = None,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor | None:
     """Attention of one query per sequence of `batch` (an `AttentionBatch` of a decode
     step), `query` `[S, Hq, D]` -> `[S, Hq, D]`, with the kernel finding each key's cache
     row from the block table itself: no slot list is built. The sequence at position
     p sees `[p - window + 1, p]` (`window`), `[p // chunk * chunk, p]` (`chunk`), else
-    `[0, p]`. `softcap` c maps each scaled score s to `c * tanh(s / c)`. None when the
-    kernel cannot run here (then the caller takes another path).
+    `[0, p]`. `softcap` c maps each scaled score s to `c * tanh(s / c)`; `sinks` `[Hq]`
+    are per-head logits that join each softmax's denominator. None when the kernel cannot
+    run here (then the caller takes another path).
     ValueError when a length or block id lies outside the table or the cache."""
     if not can_decode_natively(query, k_cache, v_cache):
         return None
@@ -115,6 +117,10 @@ def decode_from_table(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     num_seqs, num_q_heads, head_dim = query.shape
     if layout.table.shape[0] != num_seqs:
         raise ValueError(f"a block table of {layout.table.shape[0]} rows for {num_seqs} queries")
+    if sinks is not None:
+        if sinks.shape != (num_q_heads,):
+            raise ValueError(f"sinks of shape {tuple(sinks.shape)} for {num_q_heads} query heads")
+        sinks = sinks.to(device="cpu", dtype=torch.float32).contiguous()
     q = query.contiguous()
     out = torch.empty_like(q)  # [S, Hq, D]
     if num_seqs:
@@ -124,7 +130,7 @@ def decode_from_table(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             layout.table.data_ptr(), layout.firsts.data_ptr(), layout.counts.data_ptr(),
             num_seqs, num_q_heads, k_rows.shape[1], head_dim, layout.max_keys,
             k_rows.stride(0), scale, layout.table.shape[1], block_size, rows_per_block,
-            softcap or 0.0)
+            softcap or 0.0, 0 if sinks is None else sinks.data_ptr())
     return out
 
 

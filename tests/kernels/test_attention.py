@@ -364,12 +364,11 @@ def test_shared_prefix_blocks_scored_once(monkeypatch, options):
         case = share_prefix(make_case(seqs, block_size=4, seed=7), num_blocks=8)
         check(case, **options)
     # without softcap or sinks, decode-only batches and prefills go to torch's SDPA instead;
-    # a decode-only batch with softcap and no sinks goes to the C kernel where it is built
+    # a decode-only batch with them goes to the C kernel where it is built
     fused = "softcap" not in options and "sinks" not in options
-    capped_in_c = ("softcap" in options and "sinks" not in options
-                   and decode_native._decode_attn is not None)
+    decode_in_c = decode_native._decode_attn is not None
     # each group the grouped path runs scored the 8 shared blocks once
-    assert shared == ([] if fused else [8] if capped_in_c else [8, 8])
+    assert shared == ([] if fused else [8] if decode_in_c else [8, 8])
 
 
 def test_shared_prefix_bfloat16():

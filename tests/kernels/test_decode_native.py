@@ -23,9 +23,10 @@ def paged_caches(num_blocks, block_size, heads, dim, pad, seed):
     return kv[:, 0], kv[:, 1]
 
 
-def expected(query, k, v, slots, counts, num_keys, scale, softcap=None):
+def expected(query, k, v, slots, counts, num_keys, scale, softcap=None, sinks=None):
     """float64 attention of sequence s over its first counts[s] slots (scores capped to
-    `softcap * tanh(score / softcap)` when `softcap` is given)."""
+    `softcap * tanh(score / softcap)` when `softcap` is given; head h's sink logit
+    `sinks[h]` a key without a value, when `sinks` is given)."""
     out = torch.empty(query.shape, dtype=torch.float64)
     group = query.shape[1] // k.shape[2]
     block_size = k.shape[1]
@@ -37,7 +38,11 @@ def expected(query, k, v, slots, counts, num_keys, scale, softcap=None):
             scores = keys[:, h // group] @ query[s, h].double() * scale  # [n]
             if softcap is not None:
                 scores = softcap * torch.tanh(scores / softcap)
-            out[s, h] = torch.softmax(scores, 0) @ values[:, h // group]
+            if sinks is not None:  # softmax over the keys and the sink; the sink adds no value
+                weights = torch.softmax(torch.cat([scores, sinks[h:h + 1].double()]), 0)[:-1]
+            else:
+                weights = torch.softmax(scores, 0)
+            out[s, h] = weights @ values[:, h // group]
     return out
 
 
@@ -122,7 +127,8 @@ def test_bad_slots_or_counts_raise_before_the_kernel_reads(slot, count, error):
                                    MaskRules(0.4, chunk_size=8), MaskRules(0.4, softcap=1.5),
                                    MaskRules(0.4, sliding_window=5, softcap=3.0)])
 @pytest.mark.parametrize("pad", [0, 12])
-def test_reading_the_block_table_matches_a_float64_softmax(rules, pad):
+@pytest.mark.parametrize("sinks", [None, torch.tensor([0.5, -1.0, 4.0, 0.0])])
+def test_reading_the_block_table_matches_a_float64_softmax(rules, pad, sinks):
     """The kernel finds each key's row from the block table; the oracle lists the keys a
     query sees by brute force (`MaskRules.allows`) and scores them in float64."""
     block_size, num_blocks, dim = 4, 16, 32
@@ -136,7 +142,7 @@ def test_reading_the_block_table_matches_a_float64_softmax(rules, pad):
     query = torch.randn(3, 4, dim, generator=torch.Generator().manual_seed(5))
     batch = decode_batch(seq_lens, table, plans={})
     out = decode_native.decode_from_table(query, k, v, batch, rules.sliding_window,
-                                          rules.chunk_size, rules.scale, rules.softcap)
+                                          rules.chunk_size, rules.scale, rules.softcap, sinks)
     assert out is not None
     num_keys = max(seq_lens)
     slots, counts = [], []
@@ -146,7 +152,7 @@ def test_reading_the_block_table_matches_a_float64_softmax(rules, pad):
         slots += mine + [mine[-1]] * (num_keys - len(mine))
         counts.append(len(mine))
     want = expected(query, k, v, torch.tensor(slots), torch.tensor(counts), num_keys,
-                    rules.scale, rules.softcap)
+                    rules.scale, rules.softcap, sinks)
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
 
 
