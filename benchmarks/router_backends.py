@@ -60,10 +60,12 @@ def wait_health(url: str, proc: subprocess.Popen, timeout: float, path: str = "/
 
 class Process:
     """A child in its own process group (vLLM forks an engine core and a worker);
-    `stop()` ends the group: SIGTERM, then SIGKILL after 20 s (a vLLM server still
-    starting up does not heed SIGTERM)."""
+    `stop()` ends the group: `stop_signal` (SIGTERM by default), then SIGKILL after
+    20 s (a vLLM server still starting up does not heed SIGTERM)."""
 
-    def __init__(self, argv: list[str], log_path: str, env: dict | None = None) -> None:
+    def __init__(self, argv: list[str], log_path: str, env: dict | None = None,
+                 stop_signal: int = signal.SIGTERM) -> None:
+        self.stop_signal = stop_signal
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=env if env is not None else dict(os.environ),
@@ -71,7 +73,7 @@ class Process:
 
     def terminate(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            os.killpg(self.proc.pid, self.stop_signal)
 
     def stop(self) -> None:
         self.terminate()

@@ -12,12 +12,12 @@ import json
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, replace
+
+from router_backends import Process, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -42,12 +42,6 @@ class ServerConfig:
 def is_hybridkv(engine: str) -> bool:
     """Whether `engine` names a hybridkv server ("hybridkv", "hybridkv-unbound")."""
     return engine.startswith("hybridkv")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def max_model_len(checkpoint: str, cap: int = 4096) -> int:
@@ -91,9 +85,8 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd, env = server_command(config, self.port, vllm_python)
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.process = Process(cmd, log_path, env, stop_signal=signal.SIGINT)
+        self.proc = self.process.proc
         self._wait_ready(timeout, log_path)
 
     def _wait_ready(self, timeout: float, log_path: str) -> None:
@@ -120,14 +113,7 @@ class Server:
         return _counter(text, "vllm:prefix_cache_queries"), _counter(text, "vllm:prefix_cache_hits")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
+        self.process.stop()
 
 
 def _counter(text: str, name: str) -> float:
