@@ -135,7 +135,9 @@ def _open_routes(state: ServerState) -> APIRouter:
 
     @router.get("/metrics")
     async def metrics() -> Response:
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        render_async = getattr(state.metrics, "render_async", None)  # engine process
+        text = await render_async() if render_async is not None else state.metrics.render()
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @router.get("/version")
     async def version() -> dict[str, str]:

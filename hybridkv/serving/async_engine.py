@@ -7,6 +7,11 @@ publish the step's block events and update the metrics. The event loop never
 runs model code and never touches the `LLM`; it only queues commands and
 reads deltas from per-request asyncio queues.
 
+With `deliver` (a callable), the engine thread hands each step's replies to it
+instead, as one list of `(key, Delta)` pairs: `submit(requests, key)` and
+`abort(request_ids)` then drive the engine without an event loop (the engine
+process, `engine_process.py`, sends them to the HTTP process).
+
 A request whose reader goes away (client disconnected, handler cancelled) is
 aborted: the engine thread frees its blocks before the next step. A request
 that failed alone (`SeqState.error`) ends with an error delta (status 500)
@@ -69,7 +74,7 @@ class _Live:
 
     seq: SeqState
     index: int
-    queue: asyncio.Queue
+    queue: Any  # the reader's asyncio.Queue (or the key `deliver` gets)
     stream: bool
     sent: int = 0  # output tokens seen (metrics)
     delivered: int = 0  # output tokens handed to the reader
@@ -87,20 +92,23 @@ class AsyncEngine:
     `metrics` (ServerMetrics or None), `on_events` (called on the engine
     thread with each step's block events) and `on_add` (with each request
     accepted) are optional observers. `cpu_cores`: the cores the engine thread
-    runs on (see `cpu_bind`; None leaves it to the kernel).
+    runs on (see `cpu_bind`; None leaves it to the kernel). `deliver`: see the
+    module's docstring.
     """
 
     def __init__(self, llm: Any, *, metrics: Any = None,
                  on_events: Callable[[list[BlockEvent]], None] | None = None,
                  on_death: Callable[[BaseException], None] | None = None,
                  on_add: Callable[[Any], None] | None = None,
-                 cpu_cores: frozenset[int] | None = None) -> None:
+                 cpu_cores: frozenset[int] | None = None,
+                 deliver: Callable[[list[tuple[Any, Delta]]], None] | None = None) -> None:
         self.llm = llm
         self.cpu_cores = cpu_cores  # the engine thread's cores (None: not bound)
         self.metrics = metrics
         self.on_death = on_death
         self._on_events = on_events
         self._on_add = on_add  # called with each request the engine accepts
+        self._send = deliver  # None: replies go to asyncio queues on `self._loop`
         self._events: list[BlockEvent] = []
         if on_events is not None:
             llm.kv.subscribe(self._events.append)
@@ -114,17 +122,24 @@ class AsyncEngine:
     # ---- lifecycle (event loop) ----------------------------------------------
 
     def start(self) -> None:
-        """Start the engine thread; call from the event loop that will read results."""
-        self._loop = asyncio.get_running_loop()
+        """Start the engine thread; call from the event loop that will read results
+        (or from any thread, with `deliver`)."""
+        if self._send is None:
+            self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="hybridkv-engine", daemon=True)
         self._thread.start()
 
     async def stop(self) -> None:
         """Abort what is still running and join the engine thread."""
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    def close(self) -> None:
+        """`stop()`, blocking the calling thread until the engine thread has ended."""
         if self._thread is None:
             return
         self._commands.put(("stop",))
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        self._thread.join()
         self._thread = None
 
     @property
@@ -147,7 +162,7 @@ class AsyncEngine:
         results: asyncio.Queue[Delta] = asyncio.Queue()
         pending = {i: r.request_id for i, r in enumerate(requests)}
         self.num_live += len(requests)
-        self._commands.put(("add", requests, results))
+        self.submit(requests, results)
         try:
             if self.error is not None:  # died before it could see the command
                 raise EngineDead(f"the engine failed: {self.error!r}")
@@ -160,7 +175,16 @@ class AsyncEngine:
         finally:
             if pending:
                 self.num_live -= len(pending)
-                self._commands.put(("abort", list(pending.values())))
+                self.abort(list(pending.values()))
+
+    def submit(self, requests: list[EngineRequest], key: Any) -> None:
+        """Queue `requests`; their deltas go to `key` (an asyncio.Queue, or what
+        `deliver` gets with them)."""
+        self._commands.put(("add", requests, key))
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Queue the abort of these requests (unknown or finished ones are ignored)."""
+        self._commands.put(("abort", request_ids))
 
     # ---- the engine thread ---------------------------------------------------
 
@@ -179,6 +203,10 @@ class AsyncEngine:
             self._report_death(err)
 
     def _report_death(self, err: BaseException) -> None:
+        if self._send is not None:
+            if self.on_death is not None:
+                self.on_death(err)
+            return
         if self.on_death is None or self._loop is None or self._loop.is_closed():
             return
         with contextlib.suppress(RuntimeError):
@@ -310,8 +338,10 @@ class AsyncEngine:
             self.metrics.record_tokens(num_new, (now - live.last_token_time) / num_new)
         live.last_token_time = now
 
-    def _deliver(self, replies: list[tuple[asyncio.Queue, Delta]]) -> None:
-        if replies and self._loop is not None and not self._loop.is_closed():
+    def _deliver(self, replies: list[tuple[Any, Delta]]) -> None:
+        if replies and self._send is not None:
+            self._send(replies)
+        elif replies and self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(_put_all, replies)
 
     def _after_step(self) -> None:

@@ -80,6 +80,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cores for the engine thread: none (default), auto (the first "
                              "--threads cores, when one is left for the rest of the server, "
                              "as vLLM's CPU worker binds itself) or a list such as 0,2-3")
+    engine.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
+                        default=True, help="run the engine in a process of its own (the "
+                                           "default), so the HTTP side's work for each "
+                                           "streamed token does not slow its steps")
     engine.add_argument("--prepack-weights", action=argparse.BooleanOptionalAction,
                         default=True, help="CPU: a oneDNN-packed copy of the linear weights "
                                            "(faster steps; twice their memory)")

@@ -15,6 +15,7 @@ import logging
 import signal
 from typing import Any
 
+from hybridkv.serving.engine_side import EngineSide, build_engine_side, build_llm
 from hybridkv.serving.options import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE
 
 logger = logging.getLogger("hybridkv.serving")
@@ -40,49 +41,34 @@ def _check_args(args: argparse.Namespace) -> None:
         KvEventsConfig.from_json(args.kv_events_config)
 
 
-def _kv_cache_bytes(text: str | None) -> int | None:
-    from hybridkv.kv_cache.checks import parse_bytes
-
-    return None if text is None else parse_bytes(text, "--kv-cache-bytes")
-
-
-def build_llm(args: argparse.Namespace) -> Any:
-    """The engine the options describe."""
-    import torch
-
-    from hybridkv.engine.llm import LLM
-
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    llm = LLM(args.model, enable_prefix_caching=args.enable_prefix_caching,
-               block_size=args.block_size, num_blocks=args.num_blocks,
-               kv_cache_memory_bytes=_kv_cache_bytes(args.kv_cache_bytes),
-               max_num_seqs=args.max_num_seqs,
-               max_num_batched_tokens=args.max_num_batched_tokens,
-               hash_algo=args.hash_algo, eviction_policy=args.eviction_policy, seed=args.seed,
-               kv_store=args.kv_store, prepack_weights=args.prepack_weights)
-    warm_up(llm)
-    return llm
-
-
-def warm_up(llm: Any) -> None:
-    """One tiny request before serving, so the first client does not pay for the
-    first forward's set-up. Shorter than a block: nothing enters the prefix cache."""
-    from hybridkv.engine.sampling import SamplingParams
-
-    prompt = list(range(1, max(1, min(4, llm.kv.hash_block_size - 1)) + 1))
-    llm.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))
-
-
-def max_model_len(llm: Any, requested: int | None) -> int:
-    """The served context length: `--max-model-len`, at most the model's own."""
-    own = llm.runner.max_model_len
+def max_model_len(own: int, requested: int | None) -> int:
+    """The served context length: `--max-model-len`, at most the model's own (`own`)."""
     if requested is None:
         return int(own)
     if requested > own:
         raise ValueError(f"--max-model-len {requested} is more than the model's context "
                          f"length ({own})")
     return requested
+
+
+def build_front(side: EngineSide, tokenizer: Any, *, vocab_size: int, context_len: int,
+                max_num_seqs: int, model_name: str, api_key: str | None = None,
+                max_queue: int = DEFAULT_MAX_QUEUE,
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                max_prompt_chars: int | None = None) -> Any:
+    """The routes' state around an engine side (in this process or another)."""
+    from hybridkv import __version__
+    from hybridkv.serving.app import ServerState
+    from hybridkv.serving.completions import CompletionService
+    from hybridkv.serving.prompts import PromptBuilder
+
+    prompts = PromptBuilder(tokenizer, vocab_size, context_len, max_prompt_chars)
+    service = CompletionService(side.engine, prompts, model_name,
+                                max_live=max_num_seqs + max_queue, metrics=side.metrics)
+    return ServerState(engine=side.engine, service=service, prompts=prompts,
+                       metrics=side.metrics, model_name=model_name, layout=side.layout,
+                       api_key=api_key, max_body_bytes=max_body_bytes,
+                       publisher=side.publisher, version=__version__)
 
 
 def build_state(llm: Any, *, model_name: str, instance_id: str, base_url: str,
@@ -92,74 +78,16 @@ def build_state(llm: Any, *, model_name: str, instance_id: str, base_url: str,
                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                 context_len: int | None = None, max_prompt_chars: int | None = None,
                 engine_cores: frozenset[int] | None = None) -> Any:
-    """Engine front, metrics, publisher and routes' state around `llm` (its engine
-    thread bound to `engine_cores` when given)."""
-    from hybridkv import __version__
-    from hybridkv.serving.app import ServerState
-    from hybridkv.serving.async_engine import AsyncEngine
-    from hybridkv.serving.completions import CompletionService
-    from hybridkv.serving.event_publisher import EventPublisher
-    from hybridkv.serving.layout import kv_cache_layout
-    from hybridkv.serving.metrics import ServerMetrics
-    from hybridkv.serving.prompts import PromptBuilder
-
-    layout = kv_cache_layout(llm, model_name, instance_id)
-    metrics = ServerMetrics(model_name, llm)
-    publisher = None
-    if events_url is not None:
-        publisher = EventPublisher(events_url, instance_id, {**layout, "url": base_url},
-                                   on_published=lambda ok, lost: metrics.record_events(ok, lost))
-    publishers = [publisher] if publisher is not None else []
-    zmq_publisher = _zmq_publisher(llm, kv_events_config)
-    if zmq_publisher is not None:
-        publishers.append(zmq_publisher)
-    if len(publishers) > 1:
-        publisher = Publishers(publishers)
-    elif publishers:
-        publisher = publishers[0]
-    engine = AsyncEngine(llm, metrics=metrics,
-                         on_events=publisher.publish if publisher is not None else None,
-                         on_add=zmq_publisher.note_request if zmq_publisher else None,
-                         cpu_cores=engine_cores)
-    prompts = PromptBuilder(llm.tokenizer, llm.runner.vocab_size,
-                            context_len or llm.runner.max_model_len, max_prompt_chars)
-    service = CompletionService(engine, prompts, model_name,
-                                max_live=llm.scheduler.max_num_seqs + max_queue, metrics=metrics)
-    return ServerState(engine=engine, service=service, prompts=prompts, metrics=metrics,
-                       model_name=model_name, layout=layout, api_key=api_key,
-                       max_body_bytes=max_body_bytes, publisher=publisher,
-                       version=__version__)
-
-
-def _zmq_publisher(llm: Any, config_json: str | None) -> Any:
-    """The vLLM-format publisher of `--kv-events-config` (None when not enabled)."""
-    if config_json is None:
-        return None
-    from hybridkv.serving.zmq_publisher import KvEventsConfig, ZmqKvEventPublisher
-
-    config = KvEventsConfig.from_json(config_json)
-    if not config.enabled:
-        return None
-    return ZmqKvEventPublisher(config, llm.kv, running=lambda: llm.scheduler.running)
-
-
-class Publishers:
-    """Several block event publishers behind the one the server starts and closes."""
-
-    def __init__(self, publishers: list[Any]) -> None:
-        self.publishers = publishers
-
-    def start(self) -> None:
-        for p in self.publishers:
-            p.start()
-
-    def publish(self, events: Any) -> None:
-        for p in self.publishers:
-            p.publish(events)
-
-    def close(self) -> None:
-        for p in self.publishers:
-            p.close()
+    """Engine front, metrics, publisher and routes' state around `llm`, all in this
+    process (its engine thread bound to `engine_cores` when given)."""
+    side = build_engine_side(llm, model_name=model_name, instance_id=instance_id,
+                             base_url=base_url, events_url=events_url,
+                             kv_events_config=kv_events_config, engine_cores=engine_cores)
+    return build_front(side, llm.tokenizer, vocab_size=llm.runner.vocab_size,
+                       context_len=context_len or llm.runner.max_model_len,
+                       max_num_seqs=llm.scheduler.max_num_seqs, model_name=model_name,
+                       api_key=api_key, max_queue=max_queue, max_body_bytes=max_body_bytes,
+                       max_prompt_chars=max_prompt_chars)
 
 
 def _semantic_front(args: argparse.Namespace, state: Any) -> Any:
@@ -177,28 +105,19 @@ def run_server(args: argparse.Namespace) -> int:
     from hybridkv.serving.cpu_bind import parse_cpu_bind
 
     engine_cores = parse_cpu_bind(args.cpu_bind, args.threads)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model_name = args.served_model_name or args.model
+    instance_id = args.instance_id or f"{args.host}:{args.port}"
+    base_url = f"http://{args.host}:{args.port}"
+    if args.engine_process:  # forked first, before this process starts any thread
+        state = _state_with_engine_process(args, model_name, instance_id, base_url)
+    else:
+        state = _state_in_process(args, model_name, instance_id, base_url, engine_cores)
     import uvicorn
 
     from hybridkv.serving.app import build_app
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    llm = build_llm(args)
-    model_name = args.served_model_name or args.model
-    context_len = max_model_len(llm, args.max_model_len)
-    instance_id = args.instance_id or f"{args.host}:{args.port}"
-    state = build_state(llm, model_name=model_name, instance_id=instance_id,
-                        base_url=f"http://{args.host}:{args.port}", api_key=args.api_key,
-                        events_url=args.events, max_queue=args.max_queue,
-                        kv_events_config=args.kv_events_config,
-                        max_body_bytes=args.max_body_bytes, context_len=context_len,
-                        max_prompt_chars=args.max_prompt_chars, engine_cores=engine_cores)
-    if engine_cores is not None:
-        logger.info("engine thread bound to cores %s", sorted(engine_cores))
-    from hybridkv.serving.summary import startup_summary
-
-    for line in startup_summary(llm, model_name, context_len, args.eviction_policy).split("\n"):
-        logger.info("%s", line)
     state.semantic = _semantic_front(args, state)
     app: Any = build_app(state)
     if args.access_log:
@@ -215,12 +134,67 @@ def run_server(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     _freeze_startup_objects()
-    server.run()
+    try:
+        server.run()
+    finally:
+        _stop_unstarted(state)
     if state.engine.error is not None:
         logger.error("exiting after the engine failed: %r", state.engine.error)
         return 1
     logger.info("stopped")
     return 0 if server.started else 1
+
+
+def _state_in_process(args: argparse.Namespace, model_name: str, instance_id: str,
+                      base_url: str, engine_cores: frozenset[int] | None) -> Any:
+    """The routes' state with the engine on a thread of this process."""
+    llm = build_llm(args)
+    context_len = max_model_len(llm.runner.max_model_len, args.max_model_len)
+    state = build_state(llm, model_name=model_name, instance_id=instance_id,
+                        base_url=base_url, api_key=args.api_key,
+                        events_url=args.events, max_queue=args.max_queue,
+                        kv_events_config=args.kv_events_config,
+                        max_body_bytes=args.max_body_bytes, context_len=context_len,
+                        max_prompt_chars=args.max_prompt_chars, engine_cores=engine_cores)
+    if engine_cores is not None:
+        logger.info("engine thread bound to cores %s", sorted(engine_cores))
+    from hybridkv.serving.summary import startup_summary
+
+    for line in startup_summary(llm, model_name, context_len, args.eviction_policy).split("\n"):
+        logger.info("%s", line)
+    return state
+
+
+def _state_with_engine_process(args: argparse.Namespace, model_name: str, instance_id: str,
+                               base_url: str) -> Any:
+    """The routes' state with the engine in a process of its own."""
+    from hybridkv.serving.engine_process import start_engine_process
+
+    remote, info = start_engine_process(args, model_name=model_name,
+                                        instance_id=instance_id, base_url=base_url)
+    try:
+        from hybridkv.engine.tokenizer import load_tokenizer
+
+        context_len = max_model_len(info["max_model_len"], args.max_model_len)
+        side = EngineSide(remote, remote.metrics, None, info["layout"])
+        state = build_front(side, load_tokenizer(args.model), vocab_size=info["vocab_size"],
+                            context_len=context_len, max_num_seqs=info["max_num_seqs"],
+                            model_name=model_name, api_key=args.api_key,
+                            max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+                            max_prompt_chars=args.max_prompt_chars)
+    except BaseException:
+        remote.kill()
+        raise
+    logger.info("engine process %d ready", info["pid"])
+    return state
+
+
+def _stop_unstarted(state: Any) -> None:
+    """An engine process whose server never started (say, its port was taken) is
+    never stopped by the app's shutdown: end it here."""
+    kill = getattr(state.engine, "kill", None)
+    if kill is not None:
+        kill()
 
 
 def _freeze_startup_objects() -> None:
