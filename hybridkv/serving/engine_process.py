@@ -49,7 +49,8 @@ def start_engine_process(args: argparse.Namespace, *, model_name: str, instance_
     context = multiprocessing.get_context("fork")
     server_end, engine_end = context.Pipe(duplex=True)
     process = context.Process(target=_engine_main, name="hybridkv-engine", daemon=False,
-                              args=(args, engine_end, model_name, instance_id, base_url))
+                              args=(args, engine_end, server_end, model_name, instance_id,
+                                    base_url))
     process.start()
     engine_end.close()
     while True:
@@ -75,9 +76,10 @@ def start_engine_process(args: argparse.Namespace, *, model_name: str, instance_
     return RemoteEngine(process, server_end), message[1]
 
 
-def _engine_main(args: argparse.Namespace, conn: Any, model_name: str, instance_id: str,
-                 base_url: str) -> None:
+def _engine_main(args: argparse.Namespace, conn: Any, server_end: Any, model_name: str,
+                 instance_id: str, base_url: str) -> None:
     """The engine process: build, answer the server's messages, stop."""
+    server_end.close()  # the fork's copy: else the pipe outlives the server
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     send_lock = threading.Lock()
@@ -126,7 +128,6 @@ def _build(args: argparse.Namespace, model_name: str, instance_id: str, base_url
                              engine_cores=engine_cores, deliver=deliver)
     if engine_cores is not None:
         logger.info("engine thread bound to cores %s", sorted(engine_cores))
-    side.llm = llm
     return side
 
 

@@ -54,6 +54,7 @@ class EngineSide:
     metrics: Any  # ServerMetrics
     publisher: Any  # an event publisher, several behind one, or None
     layout: dict[str, Any]
+    llm: Any = None  # the LLM, where it runs in this process
 
 
 def build_engine_side(llm: Any, *, model_name: str, instance_id: str, base_url: str,
@@ -69,7 +70,7 @@ def build_engine_side(llm: Any, *, model_name: str, instance_id: str, base_url: 
 
     layout = kv_cache_layout(llm, model_name, instance_id)
     metrics = ServerMetrics(model_name, llm)
-    publisher = None
+    publisher: Any = None
     if events_url is not None:
         publisher = EventPublisher(events_url, instance_id, {**layout, "url": base_url},
                                    on_published=lambda ok, lost: metrics.record_events(ok, lost))
@@ -85,7 +86,7 @@ def build_engine_side(llm: Any, *, model_name: str, instance_id: str, base_url: 
                          on_events=publisher.publish if publisher is not None else None,
                          on_add=zmq_publisher.note_request if zmq_publisher else None,
                          cpu_cores=engine_cores, deliver=deliver)
-    return EngineSide(engine, metrics, publisher, layout)
+    return EngineSide(engine, metrics, publisher, layout, llm)
 
 
 def _zmq_publisher(llm: Any, config_json: str | None) -> Any:
