@@ -39,6 +39,19 @@ from hybridkv.kernels.paged_rows import scatter_slots
 QUERY_TILE = 256
 
 
+def query_tile(sliding_window: int | None, block_size: int) -> int:
+    """Query rows per tile: QUERY_TILE, or the window (whole blocks) when it is smaller.
+
+    A tile's queries read one run of keys from the window before its first query to its
+    last, and score all of them, so a tile of q rows costs q x (q + window) where its
+    queries see q x window keys: with a 32-token window, 256-row tiles computed about four
+    times the scores that 32-row tiles do.
+    """
+    if sliding_window is None or sliding_window >= QUERY_TILE:
+        return QUERY_TILE
+    return max(block_size, -(-sliding_window // block_size) * block_size)
+
+
 @dataclass
 class AttentionBatch:
     """Per-step metadata for one KV cache group (all layers of the group share it).
@@ -233,7 +246,8 @@ def _plan(batch: AttentionBatch, rules: MaskRules, block_size: int,
     starts = batch.query_start_loc.tolist()
     seq_lens = batch.seq_lens.tolist()
     _check_lengths(starts, seq_lens, query.shape[0], batch.block_table.shape[1] * block_size)
-    tiles = plan_tiles(starts, seq_lens, rules, QUERY_TILE, block_size)
+    tiles = plan_tiles(starts, seq_lens, rules, query_tile(rules.sliding_window, block_size),
+                       block_size)
     plan = _Plan([(group, {}) for group in group_tiles(tiles, query.shape[1])],
                  max(seq_lens, default=0))
     if batch.plans is not None:

@@ -135,10 +135,13 @@ def attend_group(query, k_cache, v_cache, block_table, tiles: list[Tile], rules:
         memo["rows"] = _query_rows(tiles, query.device)
     rows, q_pos, real = memo["rows"]  # [N, Q] each
     fused = rules.softcap is None and sinks is None and rows.shape[1] > 1
+    causal = fused and real is None and _plain_causal(tiles, rules)
     shared = 0 if fused else _shared_prefix_blocks(block_table, tiles)
     if shared not in memo:
         layout = _run_layout(tiles, shared * k_cache.shape[1], k_cache.shape[1], query.device)
-        if fused:  # an additive bias [N, 1, Q, L]
+        if causal:  # slot j holds position j, and query i sees slots 0..i: no mask at all
+            memo[shared] = layout, None
+        elif fused:  # an additive bias [N, 1, Q, L]
             memo[shared] = layout, _bias(q_pos, layout, rules,
                                          _num_open_slots(tiles, k_cache.shape[1]))
         else:
@@ -147,7 +150,7 @@ def attend_group(query, k_cache, v_cache, block_table, tiles: list[Tile], rules:
     keys = _gather_run(k_cache, v_cache, block_table, layout)
     q = query[rows].float()  # [N, Q, Hq, D]
     if fused:
-        result = _fused_attention(q, keys, mask, rules.scale)
+        result = _fused_attention(q, keys, mask, rules.scale, causal)
     else:
         prefix = None  # the shared blocks' K/V [1, P * B, Hkv, D], gathered once
         if shared:
@@ -158,6 +161,15 @@ def attend_group(query, k_cache, v_cache, block_table, tiles: list[Tile], rules:
         out[rows.flatten()] = result.flatten(0, 1).to(out.dtype)
     else:
         out[rows[real]] = result[real].to(out.dtype)
+
+
+def _plain_causal(tiles: list[Tile], rules: MaskRules) -> bool:
+    """Whether every tile starts its sequence (position 0, no cached keys before it) and its
+    last query still sees key 0 (no window or chunk cut, no sinks): each query then sees
+    exactly the keys up to its own, which the fused kernel's causal mode computes without
+    a mask, skipping the key blocks past the diagonal."""
+    return all(t.first_pos == 0 and t.num_sinks == 0 and rules.first_key(t.end - 1) == 0
+               for t in tiles)
 
 
 def _query_rows(tiles: list[Tile], device):
@@ -287,8 +299,10 @@ def _bias(q_pos, layout: _RunLayout, rules: MaskRules, num_open: int) -> torch.T
     return bias
 
 
-def _fused_attention(q, keys: _RunKeys, bias, scale: float) -> torch.Tensor:
-    # q: [N, Q, Hq, D]; keys: [N, L, Hkv, D]; bias: [N, 1, Q, L] float32 -> [N, Q, Hq, D]
+def _fused_attention(q, keys: _RunKeys, bias, scale: float, causal: bool = False
+                     ) -> torch.Tensor:
+    # q: [N, Q, Hq, D]; keys: [N, L, Hkv, D]; bias: [N, 1, Q, L] float32 or None with `causal`
+    # (query i sees slots 0..i, L >= Q) -> [N, Q, Hq, D]
     key, value = keys.key.transpose(1, 2), keys.value.transpose(1, 2)  # [N, Hkv, L, D] views
     group = q.shape[2] // key.shape[1]
     options = {}
@@ -297,7 +311,8 @@ def _fused_attention(q, keys: _RunKeys, bias, scale: float) -> torch.Tensor:
     elif group > 1:
         key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), key, value, attn_mask=bias,
-                                         scale=scale, **options)  # [N, Hq, Q, D]
+                                         is_causal=causal, scale=scale,
+                                         **options)  # [N, Hq, Q, D]
     return out.transpose(1, 2)
 
 

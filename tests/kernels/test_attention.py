@@ -203,6 +203,32 @@ def test_query_tiles_match_single_tile(monkeypatch):
     check(case, scale=0.3, sliding_window=7)
 
 
+@pytest.mark.parametrize("window,causal", [(None, True), (40, True), (5, False)])
+def test_fresh_prompts_of_one_length_match_brute_force(window, causal, monkeypatch):
+    # every tile starts its sequence: with no window cut the fused kernel runs in its causal
+    # mode without a mask, the tiles' slots (whole blocks: 10) outnumbering their rows (8)
+    calls = []
+    sdpa = attention_batched.F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("is_causal", False))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(attention_batched.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(attention, "QUERY_TILE", 8)
+    case = make_case([(8, 8), (8, 8), (8, 8)], block_size=5, window=window)
+    check(case, scale=0.4, **({} if window is None else {"sliding_window": window}))
+    assert calls and all(c == causal for c in calls)
+
+
+def test_query_tile_follows_a_small_window():
+    assert attention.query_tile(None, 16) == attention.QUERY_TILE
+    assert attention.query_tile(attention.QUERY_TILE, 16) == attention.QUERY_TILE
+    assert attention.query_tile(32, 16) == 32
+    assert attention.query_tile(40, 16) == 48  # whole blocks
+    assert attention.query_tile(3, 16) == 16  # at least a block
+
+
 def test_sequence_without_new_tokens():
     check(make_case([(12, 0), (9, 9), (5, 0)], block_size=4))
 
