@@ -17,8 +17,9 @@ alternate within each round, for `--rounds` rounds. Workloads:
 
 hybridkv's engine thread is bound to one core (`--cpu-bind auto`, as vLLM's CPU worker
 binds its compute thread by default); the engine `hybridkv-unbound` is the same server
-left unbound, for comparison. Block sizes: each engine's default (hybridkv 16, vLLM's CPU
-default 128), or one size for both (`--block-modes 16,128`).
+left unbound, and `hybridkv-thread` the same server with its engine on a thread of the
+HTTP process (`--no-engine-process`), for comparison. Block sizes: each engine's default
+(hybridkv 16, vLLM's CPU default 128), or one size for both (`--block-modes 16,128`).
 vLLM runs at its defaults (torch.compile) and with `--enforce-eager`; the faster of the two
 (median requests/s) is the anchor of the ratios. Prefix hit rates come from each server's
 `/metrics`. Results: `--out DIR/vs_vllm_serve.json`, one PNG per workload, server logs.

@@ -29,7 +29,7 @@ _VLLM_BLOCK_BYTES: dict[tuple[str, int], int] = {}
 class ServerConfig:
     """One server to start: which engine, its block size and KV blocks, its mode."""
 
-    engine: str  # "hybridkv" | "hybridkv-unbound" | "vllm" | "vllm-eager"
+    engine: str  # "hybridkv" | "hybridkv-unbound" | "hybridkv-thread" | "vllm" | "vllm-eager"
     checkpoint: str
     block_size: int
     num_blocks: int
@@ -40,7 +40,8 @@ class ServerConfig:
 
 
 def is_hybridkv(engine: str) -> bool:
-    """Whether `engine` names a hybridkv server ("hybridkv", "hybridkv-unbound")."""
+    """Whether `engine` names a hybridkv server ("hybridkv", "hybridkv-unbound",
+    "hybridkv-thread")."""
     return engine.startswith("hybridkv")
 
 
@@ -61,6 +62,8 @@ def server_command(config: ServerConfig, port: int, vllm_python: str) -> tuple[l
                "--kv-cache-bytes", str(config.kv_bytes), "--threads", str(config.threads),
                "--max-num-seqs", str(config.max_num_seqs), "--log-level", "warning",
                "--cpu-bind", config.cpu_bind]
+        if config.engine == "hybridkv-thread":  # the engine on a thread of the server
+            cmd.append("--no-engine-process")
         return cmd, env
     env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1")
     env.pop("PYTHONPATH", None)
