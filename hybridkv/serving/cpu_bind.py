@@ -9,9 +9,6 @@ machine an engine thread spent about half its time runnable but waiting for a co
 bound or not, and binding showed no consistent effect on throughput
 (benchmarks/RESULTS.md, "Served decode, and the `random` workload").
 
-With the engine in a process of its own (the default), the HTTP process's threads are then
-kept off the engine's cores (`keep_off`), so that none of them takes the engine's core.
-
 `--cpu-bind none` (the default) leaves the scheduler alone: several servers on one
 machine would otherwise all bind the same cores. `auto` binds the engine thread to the
 first `threads` cores this process may use when at least one more is left for the
@@ -57,20 +54,6 @@ def bind_current_thread(cores: frozenset[int] | None) -> None:
     """Restrict the calling thread (not the whole process) to `cores`; None: no change."""
     if cores is not None:
         os.sched_setaffinity(0, cores)  # pid 0 on Linux: the calling thread only
-
-
-def keep_off(engine_cores: frozenset[int] | None) -> frozenset[int] | None:
-    """Restrict the calling thread, and the threads it starts later, to the cores this
-    process may use other than `engine_cores` (the HTTP process beside an engine process
-    of its own); the cores now used, or None when nothing was changed (no binding, or no
-    core left over)."""
-    if engine_cores is None:
-        return None
-    others = frozenset(os.sched_getaffinity(0)) - engine_cores
-    if not others:
-        return None
-    os.sched_setaffinity(0, others)
-    return others
 
 
 def _allowed_cores(spec: str) -> set[int]:

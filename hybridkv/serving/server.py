@@ -111,8 +111,7 @@ def run_server(args: argparse.Namespace) -> int:
     instance_id = args.instance_id or f"{args.host}:{args.port}"
     base_url = f"http://{args.host}:{args.port}"
     if args.engine_process:  # forked first, before this process starts any thread
-        state = _state_with_engine_process(args, model_name, instance_id, base_url,
-                                           engine_cores)
+        state = _state_with_engine_process(args, model_name, instance_id, base_url)
     else:
         state = _state_in_process(args, model_name, instance_id, base_url, engine_cores)
     import uvicorn
@@ -167,18 +166,13 @@ def _state_in_process(args: argparse.Namespace, model_name: str, instance_id: st
 
 
 def _state_with_engine_process(args: argparse.Namespace, model_name: str, instance_id: str,
-                               base_url: str, engine_cores: frozenset[int] | None) -> Any:
-    """The routes' state with the engine in a process of its own (this process then kept
-    off `engine_cores`, the engine thread's)."""
-    from hybridkv.serving.cpu_bind import keep_off
+                               base_url: str) -> Any:
+    """The routes' state with the engine in a process of its own."""
     from hybridkv.serving.engine_process import start_engine_process
 
     remote, info = start_engine_process(args, model_name=model_name,
                                         instance_id=instance_id, base_url=base_url)
     try:
-        http_cores = keep_off(engine_cores)  # before any thread starts here
-        if http_cores is not None:
-            logger.info("HTTP process bound to cores %s", sorted(http_cores))
         from hybridkv.engine.tokenizer import load_tokenizer
 
         context_len = max_model_len(info["max_model_len"], args.max_model_len)

@@ -8,7 +8,7 @@ import pytest
 from hybridkv import LLM
 from hybridkv.models.presets import build_preset_model
 from hybridkv.serving.async_engine import AsyncEngine
-from hybridkv.serving.cpu_bind import auto_cores, keep_off, parse_cpu_bind
+from hybridkv.serving.cpu_bind import auto_cores, parse_cpu_bind
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 
@@ -53,31 +53,4 @@ def test_the_engine_thread_alone_is_bound():
 
     asyncio.run(run())
     assert seen["engine"] == core
-    assert sorted(os.sched_getaffinity(0)) == ALLOWED  # the calling thread is untouched
-
-
-def _affinity_in_new_thread(fn):
-    """(what `fn()` returns, the thread's cores after it), run on a thread of its own."""
-    import threading
-
-    out = {}
-
-    def body():
-        out["result"] = fn()
-        out["cores"] = os.sched_getaffinity(0)
-
-    thread = threading.Thread(target=body)
-    thread.start()
-    thread.join()
-    return out["result"], out["cores"]
-
-
-def test_keep_off_leaves_the_engine_cores_to_the_engine():
-    assert _affinity_in_new_thread(lambda: keep_off(None)) == (None, set(ALLOWED))
-    everything = frozenset(ALLOWED)
-    assert _affinity_in_new_thread(lambda: keep_off(everything)) == (None, set(ALLOWED))
-    if len(ALLOWED) > 1:
-        engine = frozenset({ALLOWED[0]})
-        result, cores = _affinity_in_new_thread(lambda: keep_off(engine))
-        assert result == set(ALLOWED[1:]) == cores
     assert sorted(os.sched_getaffinity(0)) == ALLOWED  # the calling thread is untouched

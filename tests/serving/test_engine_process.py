@@ -7,10 +7,7 @@ import threading
 import time
 
 import httpx
-import pytest
 from server_process import serve, wait_until
-
-ALLOWED = sorted(os.sched_getaffinity(0))
 
 
 def _children(pid: int) -> list[int]:
@@ -101,24 +98,3 @@ def test_engine_process_exits_when_the_server_is_killed(server_logs):
         time.sleep(0.1)
     assert not _alive(engine), "the engine process outlived its server"
     server.stop()
-
-
-def _thread_cores(pid: int) -> list[set[int]]:
-    """The cores each thread of process `pid` may run on."""
-    return [os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
-
-
-@pytest.mark.skipif(len(ALLOWED) < 2, reason="needs two cores")
-def test_cpu_bind_gives_the_engine_its_core_and_the_http_process_the_others(server_logs):
-    server = serve("gemma3-tiny", "--cpu-bind", str(ALLOWED[0]), log_dir=server_logs)
-    try:
-        (engine,) = _children(server.proc.pid)
-        # the engine thread alone is bound, in the engine process
-        wait_until(lambda: {ALLOWED[0]} in _thread_cores(engine), what="the engine thread")
-        assert _thread_cores(engine).count({ALLOWED[0]}) == 1
-        # every thread of the HTTP process (event loop, text workers, pipe reader) is not
-        # on the engine's core
-        http = _thread_cores(server.proc.pid)
-        assert len(http) > 1 and all(cores == set(ALLOWED[1:]) for cores in http), http
-    finally:
-        assert server.stop() == 0
