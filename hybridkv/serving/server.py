@@ -110,7 +110,9 @@ def run_server(args: argparse.Namespace) -> int:
     model_name = args.served_model_name or args.model
     instance_id = args.instance_id or f"{args.host}:{args.port}"
     base_url = f"http://{args.host}:{args.port}"
-    if args.engine_process:  # forked first, before this process starts any thread
+    if args.engine_process and not _can_fork():
+        logger.warning("this platform cannot fork: the engine runs on a thread of the server")
+    if args.engine_process and _can_fork():  # forked first, before any thread starts here
         state = _state_with_engine_process(args, model_name, instance_id, base_url)
     else:
         state = _state_in_process(args, model_name, instance_id, base_url, engine_cores)
@@ -187,6 +189,12 @@ def _state_with_engine_process(args: argparse.Namespace, model_name: str, instan
         raise
     logger.info("engine process %d ready", info["pid"])
     return state
+
+
+def _can_fork() -> bool:
+    import multiprocessing
+
+    return "fork" in multiprocessing.get_all_start_methods()
 
 
 def _stop_unstarted(state: Any) -> None:
