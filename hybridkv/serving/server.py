@@ -1,9 +1,11 @@
 """`hybridkv serve MODEL`: build the engine and the app, run uvicorn.
 
-SIGTERM or Ctrl-C: uvicorn stops accepting connections, waits for in-flight
-requests (at most `--drain-timeout` seconds), then the engine thread and the
-event publisher stop and the process exits 0. If the engine loop dies,
-`/health` answers 503 at once, the server drains the same way and the
+The engine runs in a process of its own (`engine_process.py`), or with
+`--no-engine-process` on a thread of this one (`engine_side.py` builds it either
+way). SIGTERM or Ctrl-C: uvicorn stops accepting connections, waits for in-flight
+requests (at most `--drain-timeout` seconds), then the engine and the event
+publisher stop and the process exits 0. If the engine loop dies (or its process
+exits), `/health` answers 503 at once, the server drains the same way and the
 process exits 1, so a supervisor restarts it.
 """
 

@@ -122,6 +122,37 @@ def test_engine_front_streams_the_generate_tokens_and_aborts(llm):
     llm.kv.check_integrity()
 
 
+def test_engine_front_delivers_each_step_as_one_batch_without_an_event_loop(llm):
+    # the engine process's mode: no event loop, every step's deltas in one call of `deliver`
+    import threading
+
+    reference = LLM("gemma3-tiny", num_blocks=256, block_size=16)
+    prompts = [[random.Random(s).randrange(3, 512) for _ in range(30)] for s in range(3)]
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    want = [o.output_token_ids for o in reference.generate(prompts, params)]
+    batches, done = [], threading.Event()
+
+    def deliver(replies):
+        batches.append(replies)
+        if sum(d.finish_reason is not None for b in batches for _, d in b) == len(prompts):
+            done.set()
+
+    engine = AsyncEngine(llm, deliver=deliver)
+    engine.start()
+    engine.submit([EngineRequest(f"d{i}", p, params) for i, p in enumerate(prompts)], "job")
+    assert done.wait(60)
+    engine.close()
+    got = [[] for _ in prompts]
+    for batch in batches:
+        assert len({d.index for _, d in batch}) == len(batch)  # one delta per sequence
+        for key, delta in batch:
+            assert key == "job"
+            got[delta.index].extend(delta.token_ids)
+    assert got == want
+    assert not llm.has_unfinished_requests()
+    llm.kv.check_integrity()
+
+
 def test_engine_front_refuses_what_the_pool_cannot_hold():
     small = LLM(build_preset_model("gemma3-tiny", seed=0), num_blocks=8, block_size=16)
     engine = AsyncEngine(small)
