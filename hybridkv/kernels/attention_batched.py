@@ -135,7 +135,9 @@ def attend_group(query, k_cache, v_cache, block_table, tiles: list[Tile], rules:
         memo["rows"] = _query_rows(tiles, query.device)
     rows, q_pos, real = memo["rows"]  # [N, Q] each
     fused = rules.softcap is None and sinks is None and rows.shape[1] > 1
-    causal = fused and real is None and _plain_causal(tiles, rules)
+    if "plain" not in memo:
+        memo["plain"] = real is None and _plain_causal(tiles, rules)
+    causal = fused and memo["plain"]
     shared = 0 if fused else _shared_prefix_blocks(block_table, tiles)
     if shared not in memo:
         layout = _run_layout(tiles, shared * k_cache.shape[1], k_cache.shape[1], query.device)

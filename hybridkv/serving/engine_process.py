@@ -33,6 +33,7 @@ import sys
 import threading
 from typing import Any
 
+from hybridkv.serving.engine_side import build_engine_side, build_llm, log_startup
 from hybridkv.serving.remote_engine import RemoteEngine
 
 logger = logging.getLogger("hybridkv.serving")
@@ -97,7 +98,7 @@ def _engine_main(args: argparse.Namespace, conn: Any, server_end: Any, model_nam
         send(("failed", str(err), type(err).__name__))
         sys.exit(1)
     side.engine.on_death = lambda err: send(("dead", repr(err)))
-    _log_summary(side.llm, args, model_name)
+    log_startup(side.llm, args, model_name, side.engine.cpu_cores)
     send(("ready", _facts(side)))
     gc.collect()
     gc.freeze()
@@ -118,17 +119,13 @@ def _engine_main(args: argparse.Namespace, conn: Any, server_end: Any, model_nam
 def _build(args: argparse.Namespace, model_name: str, instance_id: str, base_url: str,
            deliver: Any) -> Any:
     from hybridkv.serving.cpu_bind import parse_cpu_bind
-    from hybridkv.serving.engine_side import build_engine_side, build_llm
 
     engine_cores = parse_cpu_bind(args.cpu_bind, args.threads)
     llm = build_llm(args)
-    side = build_engine_side(llm, model_name=model_name, instance_id=instance_id,
+    return build_engine_side(llm, model_name=model_name, instance_id=instance_id,
                              base_url=base_url, events_url=args.events,
                              kv_events_config=args.kv_events_config,
                              engine_cores=engine_cores, deliver=deliver)
-    if engine_cores is not None:
-        logger.info("engine thread bound to cores %s", sorted(engine_cores))
-    return side
 
 
 def _facts(side: Any) -> dict[str, Any]:
@@ -138,16 +135,6 @@ def _facts(side: Any) -> dict[str, Any]:
             "max_model_len": int(llm.runner.max_model_len),
             "max_num_seqs": int(llm.scheduler.max_num_seqs), "layout": side.layout,
             "pid": os.getpid()}
-
-
-def _log_summary(llm: Any, args: argparse.Namespace, model_name: str) -> None:
-    from hybridkv.serving.summary import startup_summary
-
-    own = int(llm.runner.max_model_len)
-    context_len = min(args.max_model_len or own, own)
-    for line in startup_summary(llm, model_name, context_len,
-                                args.eviction_policy).split("\n"):
-        logger.info("%s", line)
 
 
 def _serve(conn: Any, side: Any, send: Any) -> None:

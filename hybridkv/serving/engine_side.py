@@ -8,8 +8,11 @@ It runs in the server's process (`--no-engine-process`) or in the engine process
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger("hybridkv.serving")
 
 
 def _kv_cache_bytes(text: str | None) -> int | None:
@@ -44,6 +47,20 @@ def warm_up(llm: Any) -> None:
 
     prompt = list(range(1, max(1, min(4, llm.kv.hash_block_size - 1)) + 1))
     llm.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))
+
+
+def log_startup(llm: Any, args: argparse.Namespace, model_name: str,
+                engine_cores: frozenset[int] | None) -> None:
+    """The engine's start-up summary (and its thread's cores, when bound) in the log."""
+    from hybridkv.serving.summary import startup_summary
+
+    if engine_cores is not None:
+        logger.info("engine thread bound to cores %s", sorted(engine_cores))
+    own = int(llm.runner.max_model_len)
+    context_len = min(args.max_model_len or own, own)
+    for line in startup_summary(llm, model_name, context_len,
+                                args.eviction_policy).split("\n"):
+        logger.info("%s", line)
 
 
 @dataclass

@@ -17,7 +17,7 @@ import logging
 import signal
 from typing import Any
 
-from hybridkv.serving.engine_side import EngineSide, build_engine_side, build_llm
+from hybridkv.serving.engine_side import EngineSide, build_engine_side, build_llm, log_startup
 from hybridkv.serving.options import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE
 
 logger = logging.getLogger("hybridkv.serving")
@@ -112,9 +112,10 @@ def run_server(args: argparse.Namespace) -> int:
     model_name = args.served_model_name or args.model
     instance_id = args.instance_id or f"{args.host}:{args.port}"
     base_url = f"http://{args.host}:{args.port}"
-    if args.engine_process and not _can_fork():
+    engine_process = args.engine_process and _can_fork()
+    if args.engine_process and not engine_process:
         logger.warning("this platform cannot fork: the engine runs on a thread of the server")
-    if args.engine_process and _can_fork():  # forked first, before any thread starts here
+    if engine_process:  # forked first, before any thread starts here
         state = _state_with_engine_process(args, model_name, instance_id, base_url)
     else:
         state = _state_in_process(args, model_name, instance_id, base_url, engine_cores)
@@ -160,12 +161,7 @@ def _state_in_process(args: argparse.Namespace, model_name: str, instance_id: st
                         kv_events_config=args.kv_events_config,
                         max_body_bytes=args.max_body_bytes, context_len=context_len,
                         max_prompt_chars=args.max_prompt_chars, engine_cores=engine_cores)
-    if engine_cores is not None:
-        logger.info("engine thread bound to cores %s", sorted(engine_cores))
-    from hybridkv.serving.summary import startup_summary
-
-    for line in startup_summary(llm, model_name, context_len, args.eviction_policy).split("\n"):
-        logger.info("%s", line)
+    log_startup(llm, args, model_name, engine_cores)
     return state
 
 
