@@ -93,8 +93,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--small-step-threads", default="1",
-                    help="threads for decode-sized steps ('none': torch's setting, as before)")
+    ap.add_argument("--small-step-threads", default="auto",
+                    help="threads for decode-sized steps ('auto': the engine's choice by model "
+                         "size, the default; 'none': torch's setting)")
     ap.add_argument("--compare-attention", action="store_true",
                     help="alternate decode steps between the fused decode attention and the "
                          "tiled path it replaced, in one process; report both")
@@ -110,8 +111,9 @@ def main() -> None:
     extra = {"prepack_weights": False} if args.no_prepack else {}
     llm = LLM(build_model(args.model), block_size=args.block_size,
               kv_cache_memory_bytes=1 << 30, **extra)
-    llm.executor.small_step_threads = (None if args.small_step_threads == "none"
-                                       else int(args.small_step_threads))
+    if args.small_step_threads != "auto":
+        llm.executor.small_step_threads = (None if args.small_step_threads == "none"
+                                           else int(args.small_step_threads))
     vocab = llm.runner.vocab_size
     decode_step_times(llm, prompts(args.batch, args.prompt_len, vocab, 99), 8)  # warm up
     if args.profile:

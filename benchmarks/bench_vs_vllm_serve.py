@@ -18,9 +18,12 @@ alternate within each round, for `--rounds` rounds. Workloads:
 hybridkv's engine thread is bound to one core (`--cpu-bind auto`, as vLLM's CPU worker
 binds its compute thread by default); the engine `hybridkv-unbound` is the same server
 left unbound, and `hybridkv-thread` the same server with its engine on a thread of the
-HTTP process (`--no-engine-process`), for comparison. Block sizes: each engine's default
+HTTP process (`--no-engine-process`), for comparison. The `-all-cores` engines compute on
+every core: `hybridkv-all-cores` unbound with one torch thread per core, `vllm-all-cores`
+with its CPU worker bound to every core (`VLLM_CPU_OMP_THREADS_BIND=0-N`) instead of keeping
+one for its scheduler. Block sizes: each engine's default
 (hybridkv 16, vLLM's CPU default 128), or one size for both (`--block-modes 16,128`).
-vLLM runs at its defaults (torch.compile) and with `--enforce-eager`; the faster of the two
+vLLM runs at its defaults (torch.compile) and with `--enforce-eager`; the fastest vLLM engine
 (median requests/s) is the anchor of the ratios. Prefix hit rates come from each server's
 `/metrics`. Results: `--out DIR/vs_vllm_serve.json`, one PNG per workload, server logs.
 
@@ -49,7 +52,7 @@ import time
 from chat_sessions import run_chat
 from common import add_common_args, prepare_out, write_result
 from serve_checkpoints import CHECKPOINTS, HYBRIDKV_ONLY, bytes_per_block, write_checkpoint
-from serve_servers import HERE, Server, ServerConfig, is_hybridkv, start_server
+from serve_servers import HERE, Server, ServerConfig, all_cores, is_hybridkv, start_server
 
 PRESSURE_BLOCKS_16 = 1920  # 180 MiB at the 270M shape: 96 KiB per block of 16 tokens
 NO_PRESSURE_BYTES = 1 << 30
@@ -141,8 +144,9 @@ def server_configs(engines: list[str], checkpoint: str, workload: str, mode: str
     for engine in engines:
         block = block_size_for(mode, engine)
         num_blocks = kv_bytes // bytes_per_block(checkpoint, block)
-        bind = "none" if engine == "hybridkv-unbound" else cpu_bind
-        configs.append(ServerConfig(engine, checkpoint, block, num_blocks, kv_bytes, threads,
+        bind = "none" if engine in ("hybridkv-unbound", "hybridkv-all-cores") else cpu_bind
+        count = (os.cpu_count() or 1) if all_cores(engine) else threads
+        configs.append(ServerConfig(engine, checkpoint, block, num_blocks, kv_bytes, count,
                                     cpu_bind=bind))
     return configs
 
@@ -240,7 +244,8 @@ def _same_outputs(texts: dict[str, list]) -> dict[str, float]:
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
-    """Median, min and max of each metric per engine; ratios against the faster vLLM mode."""
+    """Median, min and max of each metric per engine; each hybridkv engine's ratios against
+    the fastest vLLM mode (median requests/s)."""
     summary: dict = {}
     for engine, rounds in runs.items():
         summary[engine] = {}
@@ -249,15 +254,19 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
             if values:
                 summary[engine][metric] = {"median": statistics.median(values),
                                            "min": min(values), "max": max(values)}
-    vllm = [e for e in ("vllm", "vllm-eager") if e in summary and summary[e]]
-    if "hybridkv" in summary and vllm:
+    vllm = [e for e in summary if not is_hybridkv(e) and summary[e]]
+    if vllm:
         anchor = max(vllm, key=lambda e: summary[e]["request_throughput"]["median"])
         summary["anchor"] = anchor
-        summary["ratio_vs_anchor"] = {
-            m: summary["hybridkv"][m]["median"] / summary[anchor][m]["median"]
+        ratios = {engine: {
+            m: summary[engine][m]["median"] / summary[anchor][m]["median"]
             for m in ("request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
                       "median_itl_ms")
-            if m in summary["hybridkv"] and summary[anchor].get(m, {}).get("median")}
+            if m in summary[engine] and summary[anchor].get(m, {}).get("median")}
+            for engine in list(summary) if is_hybridkv(engine) and summary[engine]}
+        if "hybridkv" in ratios:
+            summary["ratio_vs_anchor"] = ratios["hybridkv"]
+        summary["ratios_vs_anchor"] = ratios
     return summary
 
 
@@ -314,7 +323,7 @@ def main() -> None:
             for mode in args.block_modes.split(","):
                 key = f"{name}|{workload}|{mode}"
                 results[key] = run_cell(checkpoint, name, workload, mode, args, python, log_dir)
-                print(key, json.dumps(results[key]["summary"].get("ratio_vs_anchor")), flush=True)
+                print(key, json.dumps(results[key]["summary"].get("ratios_vs_anchor")), flush=True)
                 write_result("vs_vllm_serve", _record(args, results, started), out)
     print(*plot(results, out), sep="\n")
 

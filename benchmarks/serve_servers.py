@@ -29,7 +29,8 @@ _VLLM_BLOCK_BYTES: dict[tuple[str, int], int] = {}
 class ServerConfig:
     """One server to start: which engine, its block size and KV blocks, its mode."""
 
-    engine: str  # "hybridkv" | "hybridkv-unbound" | "hybridkv-thread" | "vllm" | "vllm-eager"
+    engine: str  # "hybridkv" | "hybridkv-unbound" | "hybridkv-thread" | "vllm" | "vllm-eager",
+    # or "hybridkv-all-cores" | "vllm-all-cores" (compute threads on every core)
     checkpoint: str
     block_size: int
     num_blocks: int
@@ -43,6 +44,13 @@ def is_hybridkv(engine: str) -> bool:
     """Whether `engine` names a hybridkv server ("hybridkv", "hybridkv-unbound",
     "hybridkv-thread")."""
     return engine.startswith("hybridkv")
+
+
+def all_cores(engine: str) -> bool:
+    """Whether `engine` computes on every core of the machine (the `-all-cores` variants:
+    hybridkv unbound with one thread per core; vLLM's CPU worker bound to every core
+    instead of keeping one for its scheduler)."""
+    return engine.endswith("-all-cores")
 
 
 def max_model_len(checkpoint: str, cap: int = 4096) -> int:
@@ -76,6 +84,8 @@ def server_command(config: ServerConfig, port: int, vllm_python: str) -> tuple[l
            "--uvicorn-log-level", "warning"]
     if config.engine == "vllm-eager":
         cmd.append("--enforce-eager")
+    if all_cores(config.engine):
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{config.threads - 1}"
     return cmd, env
 
 

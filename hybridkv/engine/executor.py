@@ -39,11 +39,24 @@ class _StepInputs(NamedTuple):
     max_seq_len: int
 
 
-# Steps of at most this many new tokens (decode batches) run on one CPU thread: their matrix
-# products are too small for a second thread to pay for its start-up and join, and on a loaded
-# machine a thread waiting for a busy core stalls the whole step (measured: a decode step of
-# 8 sequences of the 4-layer preset took 3.7 ms on one thread and 51 ms on two, load 4 on 2 cores).
+# Steps of at most this many new tokens (decode batches) of a small model run on one CPU
+# thread: their matrix products are too small for a second thread to pay for its start-up and
+# join, and on a loaded machine a thread waiting for a busy core stalls the whole step
+# (measured: a decode step of 8 sequences of the 4-layer preset took 3.7 ms on one thread and
+# 51 ms on two, load 4 on 2 cores; quiet, 1.57 ms on one and 1.65 ms on two).
 SMALL_STEP_TOKENS = 64
+# A model with at least this many bytes of weights streams them from memory on every decode
+# step (more than a last-level cache holds), and a step is then bound by memory bandwidth,
+# which a second core adds to: its small steps keep torch's thread count (measured at the
+# 270M shape, 384 MiB, 8 sequences, quiet: 47.1 ms on one thread, 34.4 ms on two).
+STREAMED_WEIGHT_BYTES = 32 << 20
+
+
+def small_step_thread_count(model: torch.nn.Module) -> int | None:
+    """Threads for a decode-sized step of `model`: one when its weights fit in cache, or
+    None (torch's setting) when every step streams them from memory."""
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    return None if size >= STREAMED_WEIGHT_BYTES else 1
 
 
 class ModelExecutor:
@@ -58,11 +71,13 @@ class ModelExecutor:
             from the manager's `on_stale_blocks` hook), so a read of stale or
             unwritten KV shows up as NaN in the output.
         small_step_threads: CPU threads for steps of at most `SMALL_STEP_TOKENS` new
-            tokens (larger steps use torch's setting); None: torch's setting for all.
+            tokens (larger steps use torch's setting); None: torch's setting for all;
+            "auto": `small_step_thread_count` of the runner's model.
     """
 
     def __init__(self, runner, config: KVCacheConfig, device: str | torch.device = "cpu",
-                 poison: bool = False, small_step_threads: int | None = 1) -> None:
+                 poison: bool = False,
+                 small_step_threads: int | str | None = "auto") -> None:
         self.runner = runner
         self.config = config
         self.device = torch.device(device)
@@ -73,6 +88,8 @@ class ModelExecutor:
         self.groups = [(i, g.kv_cache_spec, g.layer_names)
                        for i, g in enumerate(config.kv_cache_groups)]
         self.block_ids = BlockIdCache()
+        if small_step_threads == "auto":
+            small_step_threads = small_step_thread_count(runner.model)
         self.small_step_threads = small_step_threads
 
     def poison_blocks(self, block_ids: list[int]) -> None:

@@ -3,7 +3,11 @@
 import torch
 
 from hybridkv import LLM, SamplingParams
-from hybridkv.engine.executor import SMALL_STEP_TOKENS
+from hybridkv.engine.executor import (
+    SMALL_STEP_TOKENS,
+    STREAMED_WEIGHT_BYTES,
+    small_step_thread_count,
+)
 
 
 def record_threads(llm: LLM) -> list[tuple[int, int]]:
@@ -45,3 +49,13 @@ def test_none_keeps_torchs_setting():
     finally:
         torch.set_num_threads(previous)
     assert [threads for _, threads in seen] == [2, 2, 2]
+
+
+def test_auto_counts_threads_by_the_bytes_of_the_weights():
+    big = torch.nn.Linear(4096, STREAMED_WEIGHT_BYTES // (4096 * 4), bias=False)
+    assert big.weight.numel() * 4 == STREAMED_WEIGHT_BYTES
+    assert small_step_thread_count(big) is None  # streamed from memory: torch's setting
+    assert small_step_thread_count(torch.nn.Linear(4096, 8, bias=False)) == 1
+    assert small_step_thread_count(big.to(torch.bfloat16)) == 1  # half the bytes
+    llm = LLM("gemma3-tiny")
+    assert llm.executor.small_step_threads == 1  # the presets are small
