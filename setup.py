@@ -1,6 +1,8 @@
 """Build of the C extensions; the project metadata lives in pyproject.toml.
 
-Each needs only a C compiler and Python's headers and links no library:
+Each needs only a C compiler and Python's headers and links no library but the
+compiler's OpenMP runtime (the decode kernel's; torch's CPU operators load the same
+`libgomp.so.1`):
 
 - `hybridkv._native._chainhash` (chained block hashing): SHA-256 is written
   in the package (`_sha256.c`, with the x86 SHA extensions picked at run
@@ -71,6 +73,8 @@ DECODE_ATTN = Extension(
     sources=[os.path.join("hybridkv", "_native", "_decode_attn.c")],
     depends=[os.path.join(_NATIVE, "_simd.h")],
     include_dirs=[_NATIVE],
+    extra_compile_args=["-fopenmp"],
+    extra_link_args=["-fopenmp"],
     optional=True,
 )
 NORM_ROPE = Extension(

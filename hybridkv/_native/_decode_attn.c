@@ -14,7 +14,12 @@
  * Nothing is gathered into a temporary copy, which is what a decode step of a model
  * with large heads spends its time on in the torch path. The caller checks shapes,
  * dtypes and bounds (`hybridkv/kernels/decode_native.py`); this file trusts them.
- * The GIL is released while it computes.
+ * The GIL is released while it computes. With `threads` > 1 and enough keys to read
+ * (`MIN_PARALLEL_FLOATS`), the sequences are split into that many contiguous runs of about
+ * equal key counts, each computed on its own OpenMP thread: a decode step of a large model is
+ * bound by how fast its K and V stream from memory, which a second core adds to. Each
+ * sequence is still computed by one thread in one order, so the results do not depend
+ * on the thread count.
  *
  * mirrors hybridkv.kernels.attention_decode (the gather + scaled_dot_product_attention
  * path, which runs where this extension is not built or the layer is not float32 on CPU).
@@ -179,12 +184,6 @@ static void decode_seq(const DecodeArgs *a, Py_ssize_t s, const int64_t *rows, P
     }
 }
 
-static void decode_all(const DecodeArgs *a, float *scores, float *norms)
-{
-    for (Py_ssize_t s = 0; s < a->num_seqs; s++)
-        decode_seq(a, s, a->rows + s * a->max_keys, (Py_ssize_t)a->counts[s], scores, norms);
-}
-
 /* Where a sequence's keys lie in a block table: key j of sequence s is at position
  * firsts[s] + j, in block table[s * width + pos / block_size], row
  * block * rows_per_block + pos % block_size. */
@@ -194,11 +193,35 @@ typedef struct {
     Py_ssize_t width, block_size, rows_per_block;
 } TableArgs;
 
-static void decode_all_from_table(const DecodeArgs *a, const TableArgs *t, int64_t *rows,
-                                  float *scores, float *norms)
+/* Floats before the rows in one thread's scratch space: scores (group * max_keys) and
+ * norms (group), rounded up to an even count so that the int64 rows are aligned. */
+static size_t rows_offset(const DecodeArgs *a)
 {
-    for (Py_ssize_t s = 0; s < a->num_seqs; s++) {
+    size_t group = (size_t)(a->num_q_heads / a->num_kv_heads);
+    size_t floats = group * (size_t)a->max_keys + group;
+    return floats + (floats & 1);
+}
+
+/* Floats of one thread's scratch space: the above, then max_keys int64 rows. */
+static size_t work_floats(const DecodeArgs *a)
+{
+    return rows_offset(a) + 2 * (size_t)a->max_keys;
+}
+
+/* Sequences [first, last) with the rows of a->rows, or (t given) found from the table
+ * into the scratch space `work` (see rows_offset). */
+static void decode_range(const DecodeArgs *a, const TableArgs *t, Py_ssize_t first,
+                         Py_ssize_t last, float *work)
+{
+    Py_ssize_t group = a->num_q_heads / a->num_kv_heads;
+    float *scores = work, *norms = work + group * a->max_keys;
+    int64_t *rows = (int64_t *)(work + rows_offset(a));
+    for (Py_ssize_t s = first; s < last; s++) {
         Py_ssize_t n = (Py_ssize_t)a->counts[s];
+        if (t == NULL) {
+            decode_seq(a, s, a->rows + s * a->max_keys, n, scores, norms);
+            continue;
+        }
         const int32_t *blocks = t->table + s * t->width;
         for (Py_ssize_t j = 0; j < n; j++) {
             int64_t pos = t->firsts[s] + j;
@@ -209,22 +232,73 @@ static void decode_all_from_table(const DecodeArgs *a, const TableArgs *t, int64
     }
 }
 
+#define MAX_THREADS 64
+/* K floats a call must read before a second thread pays for its start (about 2 MB of K
+ * and V: the Gemma 3 270M shape's layers from about 128 keys a sequence, 8 sequences;
+ * the small presets' calls stay on one thread). */
+#define MIN_PARALLEL_FLOATS (1 << 18)
+
+typedef struct {
+    Py_ssize_t first, last;
+} Part;
+
+/* Every sequence, on up to `threads` threads (the caller's among them): OpenMP's, the
+ * pool torch's own CPU operators run on (one libgomp per process), so its threads,
+ * still waiting for work after the step's last product, pick the parts up at once.
+ * Returns -1 when out of memory (nothing computed), else 0. */
+static int decode_parallel(const DecodeArgs *a, const TableArgs *t, Py_ssize_t threads)
+{
+    Py_ssize_t total = 0;
+    for (Py_ssize_t s = 0; s < a->num_seqs; s++)
+        total += (Py_ssize_t)a->counts[s];
+    double floats = (double)total * (double)(a->num_kv_heads * a->head_dim);
+    if (threads > a->num_seqs)
+        threads = a->num_seqs;
+    if (threads > MAX_THREADS)
+        threads = MAX_THREADS;
+    if (threads < 2 || floats < (double)MIN_PARALLEL_FLOATS)
+        threads = 1;
+    size_t per = work_floats(a);
+    float *work = malloc(per * (size_t)threads * sizeof(float));
+    if (work == NULL)
+        return -1;
+    Part parts[MAX_THREADS];
+    Py_ssize_t s = 0, done = 0;
+    for (Py_ssize_t i = 0; i < threads; i++) {  /* contiguous runs of about total/threads keys */
+        parts[i].first = s;
+        Py_ssize_t goal = total * (i + 1) / threads;
+        while (s < a->num_seqs && (i == threads - 1 || done < goal)) {
+            done += (Py_ssize_t)a->counts[s];
+            s++;
+        }
+        parts[i].last = s;
+    }
+    int count = (int)threads;
+#pragma omp parallel for num_threads(count) schedule(static, 1) if (count > 1)
+    for (int i = 0; i < count; i++)
+        decode_range(a, t, parts[i].first, parts[i].last, work + per * (size_t)i);
+    free(work);
+    return 0;
+}
+
 static void *as_pointer(PyObject *value)
 {
     return PyLong_AsVoidPtr(value);
 }
 
 /* decode(q, out, k, v, rows, counts, num_seqs, num_q_heads, num_kv_heads, head_dim,
- *        max_keys, row_stride, scale): addresses as ints, sizes in elements. */
+ *        max_keys, row_stride, scale[, threads]): addresses as ints, sizes in elements;
+ *        threads: at most this many threads compute (1, the default: the caller's). */
 static PyObject *decode(PyObject *self, PyObject *args)
 {
     PyObject *q, *out, *k, *v, *rows, *counts;
     DecodeArgs a;
+    Py_ssize_t threads = 1;
     a.softcap = 0.0f;
     a.sinks = NULL;
-    if (!PyArg_ParseTuple(args, "OOOOOOnnnnnnf", &q, &out, &k, &v, &rows, &counts,
+    if (!PyArg_ParseTuple(args, "OOOOOOnnnnnnf|n", &q, &out, &k, &v, &rows, &counts,
                           &a.num_seqs, &a.num_q_heads, &a.num_kv_heads, &a.head_dim,
-                          &a.max_keys, &a.row_stride, &a.scale))
+                          &a.max_keys, &a.row_stride, &a.scale, &threads))
         return NULL;
     a.q = as_pointer(q);
     a.out = as_pointer(out);
@@ -237,32 +311,32 @@ static PyObject *decode(PyObject *self, PyObject *args)
     Py_ssize_t group = a.num_kv_heads > 0 ? a.num_q_heads / a.num_kv_heads : 0;
     if (a.max_keys < 1 || group < 1 || a.head_dim < 1)
         return PyErr_Format(PyExc_ValueError, "decode: bad sizes");
-    float *scores = malloc((size_t)(group * a.max_keys + group) * sizeof(float));
-    if (scores == NULL)
-        return PyErr_NoMemory();
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    decode_all(&a, scores, scores + group * a.max_keys);
+    failed = decode_parallel(&a, NULL, threads);
     Py_END_ALLOW_THREADS
-    free(scores);
+    if (failed)
+        return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
 /* decode_table(q, out, k, v, table, firsts, counts, num_seqs, num_q_heads, num_kv_heads,
  *              head_dim, max_keys, row_stride, scale, width, block_size, rows_per_block
- *              [, softcap, sinks]): as `decode`, the rows found from the block table
- *              (see TableArgs); softcap 0 (the default) caps nothing; sinks: the address
- *              of Hq float32 sink logits, or 0 (the default) for none. */
+ *              [, softcap, sinks, threads]): as `decode`, the rows found from the block
+ *              table (see TableArgs); softcap 0 (the default) caps nothing; sinks: the
+ *              address of Hq float32 sink logits, or 0 (the default) for none. */
 static PyObject *decode_table(PyObject *self, PyObject *args)
 {
     PyObject *q, *out, *k, *v, *table, *firsts, *counts;
     DecodeArgs a;
     TableArgs t;
     PyObject *sinks = NULL;
+    Py_ssize_t threads = 1;
     a.softcap = 0.0f;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnnnnnnfnnn|fO", &q, &out, &k, &v, &table, &firsts,
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnnnnnfnnn|fOn", &q, &out, &k, &v, &table, &firsts,
                           &counts, &a.num_seqs, &a.num_q_heads, &a.num_kv_heads, &a.head_dim,
                           &a.max_keys, &a.row_stride, &a.scale, &t.width, &t.block_size,
-                          &t.rows_per_block, &a.softcap, &sinks))
+                          &t.rows_per_block, &a.softcap, &sinks, &threads))
         return NULL;
     a.sinks = sinks == NULL ? NULL : as_pointer(sinks);
     if (!(a.softcap >= 0.0f))
@@ -280,18 +354,12 @@ static PyObject *decode_table(PyObject *self, PyObject *args)
     Py_ssize_t group = a.num_kv_heads > 0 ? a.num_q_heads / a.num_kv_heads : 0;
     if (a.max_keys < 1 || group < 1 || a.head_dim < 1 || t.block_size < 1)
         return PyErr_Format(PyExc_ValueError, "decode_table: bad sizes");
-    float *scores = malloc((size_t)(group * a.max_keys + group) * sizeof(float));
-    int64_t *rows = malloc((size_t)a.max_keys * sizeof(int64_t));
-    if (scores == NULL || rows == NULL) {
-        free(scores);
-        free(rows);
-        return PyErr_NoMemory();
-    }
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    decode_all_from_table(&a, &t, rows, scores, scores + group * a.max_keys);
+    failed = decode_parallel(&a, &t, threads);
     Py_END_ALLOW_THREADS
-    free(scores);
-    free(rows);
+    if (failed)
+        return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -310,5 +378,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__decode_attn(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "MIN_PARALLEL_FLOATS", MIN_PARALLEL_FLOATS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

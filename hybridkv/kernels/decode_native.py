@@ -5,7 +5,10 @@ row of a step into new tensors, then scores them. With large heads that copy is 
 the attention's cost: at the Gemma 3 270M shape (head size 256), 8 sequences of about
 600 tokens read some 9 MB of K and V per layer, and the copy moves it twice more. The
 kernel reads each row once, in place, for all query heads that share its KV head (see
-`_decode_attn.c`), so a decode step's attention costs about one pass over its KV bytes.
+`_decode_attn.c`), so a decode step's attention costs about one pass over its KV bytes. With more than one
+torch thread and enough keys, the kernel splits the sequences over that many threads (a
+step of a large model is bound by how fast K and V stream from memory, and each core
+adds bandwidth); each sequence is computed by one thread, so results do not change.
 
 It is used when the extension was built and the step qualifies: CPU, float32 query and
 caches, each cache seen as a flat list of token rows (`paged_rows.row_view`). Otherwise
@@ -81,7 +84,8 @@ def native_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     if num_seqs:
         _decode_attn.decode(q.data_ptr(), out.data_ptr(), k_rows.data_ptr(), v_rows.data_ptr(),
                             index.data_ptr(), counts.data_ptr(), num_seqs, num_q_heads,
-                            k_rows.shape[1], head_dim, num_keys, k_rows.stride(0), scale)
+                            k_rows.shape[1], head_dim, num_keys, k_rows.stride(0), scale,
+                            torch.get_num_threads())
     return out
 
 
@@ -130,7 +134,7 @@ def decode_from_table(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             layout.table.data_ptr(), layout.firsts.data_ptr(), layout.counts.data_ptr(),
             num_seqs, num_q_heads, k_rows.shape[1], head_dim, layout.max_keys,
             k_rows.stride(0), scale, layout.table.shape[1], block_size, rows_per_block,
-            softcap or 0.0, 0 if sinks is None else sinks.data_ptr())
+            softcap or 0.0, 0 if sinks is None else sinks.data_ptr(), torch.get_num_threads())
     return out
 
 

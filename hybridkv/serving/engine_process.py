@@ -104,11 +104,15 @@ def _engine_main(args: argparse.Namespace, conn: Any, server_end: Any, model_nam
     gc.freeze()
     if side.publisher is not None:
         side.publisher.start()
-    side.engine.start()
+    # the steps run on this thread, which built the model (see AsyncEngine.run); the
+    # server's messages are read on another
+    reader = threading.Thread(target=_serve_then_stop, args=(conn, side, send),
+                              name="hybridkv-engine-pipe", daemon=True)
+    reader.start()
     try:
-        _serve(conn, side, send)
+        side.engine.run()
+        reader.join()  # after a death: metrics are still answered until "stop"
     finally:
-        side.engine.close()
         if side.publisher is not None:
             side.publisher.close()
         send(("stopped",))
@@ -135,6 +139,14 @@ def _facts(side: Any) -> dict[str, Any]:
             "max_model_len": int(llm.runner.max_model_len),
             "max_num_seqs": int(llm.scheduler.max_num_seqs), "layout": side.layout,
             "pid": os.getpid()}
+
+
+def _serve_then_stop(conn: Any, side: Any, send: Any) -> None:
+    """`_serve`, then stop the engine loop however it ended."""
+    try:
+        _serve(conn, side, send)
+    finally:
+        side.engine.request_stop()
 
 
 def _serve(conn: Any, side: Any, send: Any) -> None:

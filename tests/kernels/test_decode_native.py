@@ -164,3 +164,44 @@ def test_bad_lengths_or_block_ids_raise_before_the_kernel_reads(seq_lens, table,
     with pytest.raises(ValueError, match=error):
         decode_native.decode_from_table(torch.randn(1, 2, 16), k, v,
                                         decode_batch(seq_lens, table), None, None, 0.3)
+
+
+@pytest.mark.parametrize("by_table", [False, True])
+def test_sequences_split_over_threads_give_the_same_bits(by_table):
+    """A call with more K floats than `MIN_PARALLEL_FLOATS` is split over torch's threads;
+    each sequence is computed by one thread in one order, so every thread count gives the
+    same bits, and the float64 oracle agrees."""
+    block_size, heads, dim = 16, 2, 64
+    seq_lens = [700, 3, 512, 900, 40]
+    assert sum(seq_lens) * heads * dim >= decode_native._decode_attn.MIN_PARALLEL_FLOATS
+    widths = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(widths) + 1
+    k, v = paged_caches(num_blocks, block_size, heads, dim, 0, seed=3)
+    order = (torch.randperm(num_blocks - 1, generator=torch.Generator().manual_seed(4)) + 1)
+    table, start = [], 0
+    for w in widths:
+        table.append(order[start:start + w].tolist() + [0] * (max(widths) - w))
+        start += w
+    query = torch.randn(len(seq_lens), 8, dim, generator=torch.Generator().manual_seed(6))
+    num_keys = max(seq_lens)
+    slots = torch.tensor([table[s][p // block_size] * block_size + p % block_size
+                          for s, n in enumerate(seq_lens)
+                          for p in list(range(n)) + [n - 1] * (num_keys - n)])
+    counts = torch.tensor(seq_lens)
+
+    def run(threads):
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            if by_table:
+                return decode_native.decode_from_table(
+                    query, k, v, decode_batch(seq_lens, table, plans={}), None, None, 0.2)
+            return decode_native.native_decode_attention(query, k, v, slots, counts,
+                                                         num_keys, 0.2)
+        finally:
+            torch.set_num_threads(previous)
+
+    one = run(1)
+    assert torch.equal(run(2), one) and torch.equal(run(3), one)
+    want = expected(query, k, v, slots, counts, num_keys, 0.2)
+    torch.testing.assert_close(one.double(), want, atol=1e-5, rtol=1e-5)
