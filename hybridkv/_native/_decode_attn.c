@@ -16,10 +16,11 @@
  * dtypes and bounds (`hybridkv/kernels/decode_native.py`); this file trusts them.
  * The GIL is released while it computes. With `threads` > 1 and enough keys to read
  * (`MIN_PARALLEL_FLOATS`), the sequences are split into that many contiguous runs of about
- * equal key counts, each computed on its own OpenMP thread: a decode step of a large model is
- * bound by how fast its K and V stream from memory, which a second core adds to. Each
- * sequence is still computed by one thread in one order, so the results do not depend
- * on the thread count.
+ * equal key counts, each computed on its own OpenMP thread (at the Gemma 3 270M shape
+ * this is a quarter of a decode step, bound by the kernel's own arithmetic, and two
+ * threads halve it). Each sequence is still computed by one thread in one order, so the
+ * results do not depend on the thread count. torch's pip wheels use GNU OpenMP, so the
+ * threads are torch's own; under another OpenMP runtime they would be a second pool.
  *
  * mirrors hybridkv.kernels.attention_decode (the gather + scaled_dot_product_attention
  * path, which runs where this extension is not built or the layer is not float32 on CPU).

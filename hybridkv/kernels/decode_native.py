@@ -7,9 +7,8 @@ the attention's cost: at the Gemma 3 270M shape (head size 256), 8 sequences of 
 kernel reads each row once, in place, for all query heads that share its KV head (see
 `_decode_attn.c`), so a decode step's attention costs about one pass over its KV bytes.
 With more than one torch thread and enough keys, the kernel splits the sequences over
-that many threads (a step of a large model is bound by how fast K and V stream from
-memory, and each core adds bandwidth); each sequence is computed by one thread, so
-results do not change.
+that many threads (at the 270M shape it is a quarter of a decode step, and two threads
+halve it); each sequence is computed by one thread, so results do not change.
 
 It is used when the extension was built and the step qualifies: CPU, float32 query and
 caches, each cache seen as a flat list of token rows (`paged_rows.row_view`). Otherwise
