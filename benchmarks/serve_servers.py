@@ -41,8 +41,7 @@ class ServerConfig:
 
 
 def is_hybridkv(engine: str) -> bool:
-    """Whether `engine` names a hybridkv server ("hybridkv", "hybridkv-unbound",
-    "hybridkv-thread")."""
+    """Whether `engine` names a hybridkv server (a name starting "hybridkv")."""
     return engine.startswith("hybridkv")
 
 

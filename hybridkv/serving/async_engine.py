@@ -158,7 +158,7 @@ class AsyncEngine:
         """`stop()`, blocking the calling thread until the engine thread has ended."""
         if self._thread is None or self._thread is threading.current_thread():
             return
-        self._commands.put(("stop",))
+        self.request_stop()
         self._thread.join()
         self._thread = None
 
